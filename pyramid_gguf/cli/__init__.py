@@ -1,0 +1,1 @@
+"""The ``pyramid-gguf`` command line: one module per command group, wired in :mod:`.main`."""

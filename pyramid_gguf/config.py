@@ -1,0 +1,182 @@
+"""Typed, frozen configuration objects.
+
+Every knob a user can turn lives in one of three records, built once (by the CLI, the server
+or the Python API) and passed down unchanged:
+
+- :class:`LoadConfig`: how one GGUF file is loaded into llama.cpp.
+- :class:`SamplingConfig`: how tokens are sampled and when generation stops.
+- :class:`SpecConfig`: which decoding mode runs and its speculative knobs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from .errors import UserError
+
+Mode = Literal["target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]
+Divergence = Literal["js", "kl", "tv"]
+FuzzyVariant = Literal["reducible", "pure"]
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+
+MODES: tuple[Mode, ...] = ("target", "sd", "fsd", "psd-exact", "psd-a", "psd-f")
+LOSSLESS_MODES: frozenset[str] = frozenset({"target", "sd", "psd-exact"})
+DIVERGENCES: tuple[Divergence, ...] = ("js", "kl", "tv")
+FUZZY_VARIANTS: tuple[FuzzyVariant, ...] = ("reducible", "pure")
+KV_TYPES: tuple[KvType, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
+#: How many tiers each mode needs (bottom proposer included).
+MODE_TIERS: dict[str, int] = {
+    "target": 1,
+    "sd": 2,
+    "fsd": 2,
+    "psd-exact": 3,
+    "psd-a": 3,
+    "psd-f": 3,
+}
+
+
+def default_threads() -> int:
+    """All cores: llama-cpp-python's own default (`cpu_count // 2`) leaves half the CPU idle."""
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How one GGUF file is loaded.
+
+    ``n_gpu_layers=-1`` offloads every layer when llama.cpp is built with a GPU backend and is
+    ignored on a CPU-only build. ``flash_attn=None`` lets llama.cpp decide.
+    """
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_gpu_layers: int = -1
+    n_threads: int = field(default_factory=default_threads)
+    n_threads_batch: int = field(default_factory=default_threads)
+    flash_attn: bool | None = None
+    type_k: KvType = "f16"
+    type_v: KvType = "f16"
+    seed: int = 0
+    #: Test hook: use state snapshots for rollback even when the cache supports truncation.
+    force_snapshot_rollback: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 16:
+            raise UserError(f"--ctx-size must be at least 16, got {self.n_ctx}")
+        if self.n_batch < 1:
+            raise UserError(f"--batch-size must be positive, got {self.n_batch}")
+        if self.n_threads < 1 or self.n_threads_batch < 1:
+            raise UserError("--threads must be at least 1")
+        if self.n_gpu_layers < -1:
+            raise UserError(f"--n-gpu-layers must be -1 (all) or >= 0, got {self.n_gpu_layers}")
+        for name, value in (("type_k", self.type_k), ("type_v", self.type_v)):
+            if value not in KV_TYPES:
+                raise UserError(f"{name} must be one of {', '.join(KV_TYPES)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling warp and stop conditions, shared by every tier so ``p`` and ``q`` compare.
+
+    The warp is temperature, then top-k, then top-p, then min-p (llama.cpp's order and
+    defaults). ``temperature == 0`` is greedy: one-hot on the argmax, lowest id on ties.
+    ``top_k <= 0`` disables top-k; ``top_p >= 1`` and ``min_p <= 0`` disable theirs.
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise UserError(f"--min-p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens < 1:
+            raise UserError(f"--max-tokens must be at least 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise UserError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def with_(self, **changes: object) -> SamplingConfig:
+        """A copy with some fields replaced (validated again)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Decoding mode and speculative knobs (ALGORITHMS.md).
+
+    ``l_d``: tokens the bottom proposer drafts per stage-1 verification.
+    ``l_q``: tokens the qualifier buffers before the target verifies (three tiers only).
+    ``tau_q`` / ``tau_t``: fuzzy thresholds of the stage ending at the qualifier / target;
+    they only act in the fuzzy modes. ``p_min``: stop drafting when the draft's top
+    probability (temperature-1 softmax) falls under it; 0 disables.
+    """
+
+    mode: Mode = "psd-exact"
+    l_d: int = 4
+    l_q: int = 8
+    tau_q: float = 0.4
+    tau_t: float = 0.5
+    divergence: Divergence = "js"
+    fuzzy_variant: FuzzyVariant = "reducible"
+    p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise UserError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if self.divergence not in DIVERGENCES:
+            raise UserError(
+                f"unknown divergence {self.divergence!r}; valid: {', '.join(DIVERGENCES)}"
+            )
+        if self.fuzzy_variant not in FUZZY_VARIANTS:
+            raise UserError(
+                f"unknown fuzzy variant {self.fuzzy_variant!r}; valid: {', '.join(FUZZY_VARIANTS)}"
+            )
+        if self.l_d < 1:
+            raise UserError(f"--l-d must be at least 1, got {self.l_d}")
+        if self.l_q < 1:
+            raise UserError(f"--l-q must be at least 1, got {self.l_q}")
+        if not 0 <= self.p_min < 1:
+            raise UserError(f"--p-min must be in [0, 1), got {self.p_min}")
+
+    @property
+    def n_tiers(self) -> int:
+        return MODE_TIERS[self.mode]
+
+    @property
+    def lossless(self) -> bool:
+        return self.mode in LOSSLESS_MODES
+
+    @property
+    def stage1_fuzzy(self) -> bool:
+        """Whether the draft -> qualifier stage uses the fuzzy rule."""
+        return self.mode == "psd-f"
+
+    @property
+    def top_fuzzy(self) -> bool:
+        """Whether the stage that ends at the target uses the fuzzy rule."""
+        return self.mode in ("fsd", "psd-a", "psd-f")
+
+    def with_(self, **changes: object) -> SpecConfig:
+        """A copy with some fields replaced (validated again)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def default_mode(n_tiers: int) -> Mode:
+    """Lossless default for a ladder of ``n_tiers`` models: target, sd, psd-exact."""
+    return {1: "target", 2: "sd"}.get(n_tiers, "psd-exact")  # type: ignore[return-value]

@@ -1,0 +1,146 @@
+"""Tiny synthetic llama-architecture GGUF models, for tests and hardware probes.
+
+:func:`write_tiny_llama` writes a valid GGUF with random weights and a small SentencePiece-style
+vocabulary (byte fallback tokens plus a few hundred word pieces) that loads in milliseconds.
+Models written with the same ``vocab_seed`` share one vocabulary; different ``seed`` values
+give different next-token distributions over it, which is what the losslessness tests need.
+``base_seed`` with ``noise`` makes a model that is a perturbation of another one, so a draft
+agrees with its target often but not always.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her are an be this which or "
+    "have it not had but were one all their they has been there also more new other time can "
+    "def return if else for while import class self print list int str none true false yield "
+    "lambda try except raise with pass break continue range len open read write data value "
+    "key item node tree graph path file line text word code test model token layer batch cache"
+).split()
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of a synthetic model."""
+
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_ctx_train: int = 2048
+    n_extra_tokens: int = 0
+    logit_scale: float = 3.0
+
+
+def tiny_vocab(n_extra: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types of the synthetic SentencePiece vocabulary."""
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [2, 3, 3]  # unknown, control, control
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256  # byte
+    pieces = [f"\u2581{w}" for w in dict.fromkeys(_WORDS)] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces += ["\u2581"] + [f"\u2581x{i}" for i in range(n_extra)]
+    tokens += pieces
+    types += [1] * len(pieces)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, types
+
+
+def write_tiny_llama(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    spec: TinySpec | None = None,
+    base_seed: int | None = None,
+    noise: float = 1.0,
+    chat_template: str | None = None,
+    name: str = "tiny-llama",
+) -> Path:
+    """Write a random-weight llama GGUF to ``path`` and return it.
+
+    Weights are ``W(base_seed) + noise * W(seed)`` when ``base_seed`` is given, else ``W(seed)``.
+    """
+    spec = spec or TinySpec()
+    path = Path(path)
+    tokens, scores, types = tiny_vocab(spec.n_extra_tokens)
+    n_vocab = len(tokens)
+    head_dim = spec.n_embd // spec.n_head
+
+    def weights(s: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(s)
+
+        def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+            return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+        w = {
+            "token_embd.weight": mat(n_vocab, spec.n_embd, np.sqrt(spec.n_embd) * 0.5),
+            "output_norm.weight": np.ones(spec.n_embd, dtype=np.float32),
+            "output.weight": mat(n_vocab, spec.n_embd, spec.logit_scale),
+        }
+        for i in range(spec.n_layer):
+            w |= {
+                f"blk.{i}.attn_norm.weight": np.ones(spec.n_embd, dtype=np.float32),
+                f"blk.{i}.attn_q.weight": mat(spec.n_embd, spec.n_embd),
+                f"blk.{i}.attn_k.weight": mat(spec.n_head_kv * head_dim, spec.n_embd),
+                f"blk.{i}.attn_v.weight": mat(spec.n_head_kv * head_dim, spec.n_embd),
+                f"blk.{i}.attn_output.weight": mat(spec.n_embd, spec.n_embd),
+                f"blk.{i}.ffn_norm.weight": np.ones(spec.n_embd, dtype=np.float32),
+                f"blk.{i}.ffn_gate.weight": mat(spec.n_ff, spec.n_embd),
+                f"blk.{i}.ffn_up.weight": mat(spec.n_ff, spec.n_embd),
+                f"blk.{i}.ffn_down.weight": mat(spec.n_embd, spec.n_ff),
+            }
+        return w
+
+    tensors = weights(seed)
+    if base_seed is not None:
+        base = weights(base_seed)
+        tensors = {
+            k: v if k.endswith("norm.weight") else (base[k] + noise * v).astype(np.float32)
+            for k, v in tensors.items()
+        }
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(name)
+    writer.add_context_length(spec.n_ctx_train)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(spec.n_layer)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    for key, value in tensors.items():
+        writer.add_tensor(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+#: A minimal ChatML template, for tiny models that should support ``--chat``.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n"
+    "{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
