@@ -44,17 +44,23 @@ def js(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
     lp = log_softmax(verifier_logits)
     lq = log_softmax(proposer_logits)
     p, q = np.exp(lp), np.exp(lq)
-    lm = np.log(0.5 * (p + q))
-    kl_pm = np.sum(p * (lp - lm), axis=-1)
-    kl_qm = np.sum(q * (lq - lm), axis=-1)
-    return np.clip(0.5 * (kl_pm + kl_qm), 0.0, np.log(2.0))
+    with np.errstate(divide="ignore"):
+        lm = np.log(0.5 * (p + q))
+    return np.clip(0.5 * (_xlogy_diff(p, lp, lm) + _xlogy_diff(q, lq, lm)), 0.0, np.log(2.0))
 
 
 def kl(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
     """KL(p || q) per row, p the verifier. ``[k, V] x2 -> [k]``."""
     lp = log_softmax(verifier_logits)
     lq = log_softmax(proposer_logits)
-    return np.maximum(np.sum(np.exp(lp) * (lp - lq), axis=-1), 0.0)
+    return np.maximum(_xlogy_diff(np.exp(lp), lp, lq), 0.0)
+
+
+def _xlogy_diff(p: np.ndarray, log_p: np.ndarray, log_r: np.ndarray) -> np.ndarray:
+    """``sum p * (log_p - log_r)`` per row with ``0 * log 0 = 0``. ``[k, V] -> [k]``."""
+    with np.errstate(invalid="ignore"):
+        terms = np.where(p > 0, p * (log_p - log_r), 0.0)
+    return np.sum(terms, axis=-1)
 
 
 def tv(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:

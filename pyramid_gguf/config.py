@@ -19,12 +19,14 @@ from .errors import UserError
 Mode = Literal["target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]
 Divergence = Literal["js", "kl", "tv"]
 FuzzyVariant = Literal["reducible", "pure"]
+ExactRule = Literal["exact", "greedy-match"]
 KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
 MODES: tuple[Mode, ...] = ("target", "sd", "fsd", "psd-exact", "psd-a", "psd-f")
 LOSSLESS_MODES: frozenset[str] = frozenset({"target", "sd", "psd-exact"})
 DIVERGENCES: tuple[Divergence, ...] = ("js", "kl", "tv")
 FUZZY_VARIANTS: tuple[FuzzyVariant, ...] = ("reducible", "pure")
+EXACT_RULES: tuple[ExactRule, ...] = ("exact", "greedy-match")
 KV_TYPES: tuple[KvType, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 #: How many tiers each mode needs (bottom proposer included).
@@ -60,6 +62,9 @@ class LoadConfig:
     type_k: KvType = "f16"
     type_v: KvType = "f16"
     seed: int = 0
+    #: llama.cpp's extra weight buffers (AMX, CPU repacking). None: on, except on CPUs with
+    #: AMX, whose batched kernels crash in llama-cpp-python 0.3.36 (see native.py).
+    extra_buffers: bool | None = None
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
 
@@ -124,7 +129,8 @@ class SpecConfig:
     ``l_q``: tokens the qualifier buffers before the target verifies (three tiers only).
     ``tau_q`` / ``tau_t``: fuzzy thresholds of the stage ending at the qualifier / target;
     they only act in the fuzzy modes. ``p_min``: stop drafting when the draft's top
-    probability (temperature-1 softmax) falls under it; 0 disables.
+    probability (temperature-1 softmax) falls under it; 0 disables. ``exact_rule``:
+    ``greedy-match`` swaps speculative sampling for llama.cpp's token matching (comparison).
     """
 
     mode: Mode = "psd-exact"
@@ -135,8 +141,14 @@ class SpecConfig:
     divergence: Divergence = "js"
     fuzzy_variant: FuzzyVariant = "reducible"
     p_min: float = 0.0
+    #: Rule of the lossless stages: speculative sampling, or llama.cpp's token matching.
+    exact_rule: ExactRule = "exact"
 
     def __post_init__(self) -> None:
+        if self.exact_rule not in EXACT_RULES:
+            raise UserError(
+                f"unknown exact rule {self.exact_rule!r}; valid: {', '.join(EXACT_RULES)}"
+            )
         if self.mode not in MODES:
             raise UserError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         if self.divergence not in DIVERGENCES:

@@ -71,6 +71,21 @@ def check_gguf_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def cpu_has_amx() -> bool:
+    """Whether the CPU advertises Intel AMX tiles.
+
+    llama.cpp places quantized weights in an AMX buffer on such CPUs, and with the llama.cpp
+    bundled in llama-cpp-python 0.3.36 any batched ``llama_decode`` (more than one token) over
+    those weights crashes with SIGSEGV (seen on Xeon VMs with ``amx_tile``; plain
+    ``llama_cpp.Llama`` crashes the same way). Extra buffer types are therefore off by default
+    there; ``LoadConfig(extra_buffers=True)`` turns them back on.
+    """
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class VocabInfo:
     """What the vocabulary check compares between tiers."""
@@ -113,6 +128,9 @@ class NativeModel:
         self._batch: Any = None
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if self.cfg.n_gpu_layers < 0 else self.cfg.n_gpu_layers
+        mparams.use_extra_bufts = (
+            self.cfg.extra_buffers if self.cfg.extra_buffers is not None else not cpu_has_amx()
+        )
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise ModelFileError(f"llama.cpp could not load {self.path} (truncated or corrupt GGUF?)")
@@ -405,3 +423,26 @@ def ftype_names() -> dict[str, int]:
         for name in dir(llama_cpp)
         if name.startswith(prefix)
     }
+
+
+def format_chat(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    bos_token: str,
+    eos_token: str,
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render ``messages`` with a Jinja chat template (llama-cpp-python's formatter)."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    formatter = Jinja2ChatFormatter(
+        template=template,
+        eos_token=eos_token,
+        bos_token=bos_token,
+        add_generation_prompt=add_generation_prompt,
+    )
+    try:
+        return formatter(messages=messages).prompt
+    except Exception as e:  # jinja2 raises many types for bad templates / messages
+        raise UserError(f"chat template failed: {e}") from None

@@ -66,8 +66,10 @@ def warp(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     cand = np.take_along_axis(cand, order, axis=-1)
     probs = softmax(np.take_along_axis(vals, order, axis=-1))  # [n, k], sorted descending
     if cfg.top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p (a relative epsilon absorbs
+        # rounding, so a prefix summing to exactly top_p is not extended by one token).
         before = np.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
-        probs = np.where(before < cfg.top_p, probs, 0.0)
+        probs = np.where(before < cfg.top_p * (1 - 1e-9), probs, 0.0)
     if cfg.min_p > 0:
         probs = _min_p(probs, cfg.min_p)
     else:

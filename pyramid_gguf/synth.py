@@ -36,16 +36,22 @@ class TinySpec:
     n_ff: int = 128
     n_ctx_train: int = 2048
     n_extra_tokens: int = 0
+    #: Appended to every word piece: a different salt is a different vocabulary.
+    vocab_salt: str = ""
     logit_scale: float = 3.0
+    #: Storage of the weight matrices: "f32" or "f16" (norms stay f32).
+    dtype: str = "f32"
+    #: Leave out ``output.weight`` so llama.cpp ties the head to ``token_embd``.
+    tied_output: bool = False
 
 
-def tiny_vocab(n_extra: int = 0) -> tuple[list[str], list[float], list[int]]:
+def tiny_vocab(n_extra: int = 0, salt: str = "") -> tuple[list[str], list[float], list[int]]:
     """Tokens, scores and token types of the synthetic SentencePiece vocabulary."""
     tokens = ["<unk>", "<s>", "</s>"]
     types = [2, 3, 3]  # unknown, control, control
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [6] * 256  # byte
-    pieces = [f"\u2581{w}" for w in dict.fromkeys(_WORDS)] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = [f"\u2581{w}{salt}" for w in dict.fromkeys(_WORDS)] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
     pieces += ["\u2581"] + [f"\u2581x{i}" for i in range(n_extra)]
     tokens += pieces
     types += [1] * len(pieces)
@@ -69,21 +75,25 @@ def write_tiny_llama(
     """
     spec = spec or TinySpec()
     path = Path(path)
-    tokens, scores, types = tiny_vocab(spec.n_extra_tokens)
+    tokens, scores, types = tiny_vocab(spec.n_extra_tokens, spec.vocab_salt)
     n_vocab = len(tokens)
     head_dim = spec.n_embd // spec.n_head
+    if spec.dtype not in ("f32", "f16"):
+        raise ValueError(f"TinySpec.dtype must be f32 or f16, got {spec.dtype!r}")
+    mat_dtype = np.float16 if spec.dtype == "f16" else np.float32
 
     def weights(s: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(s)
 
         def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
-            return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+            return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(mat_dtype)
 
         w = {
             "token_embd.weight": mat(n_vocab, spec.n_embd, np.sqrt(spec.n_embd) * 0.5),
             "output_norm.weight": np.ones(spec.n_embd, dtype=np.float32),
-            "output.weight": mat(n_vocab, spec.n_embd, spec.logit_scale),
         }
+        if not spec.tied_output:
+            w["output.weight"] = mat(n_vocab, spec.n_embd, spec.logit_scale)
         for i in range(spec.n_layer):
             w |= {
                 f"blk.{i}.attn_norm.weight": np.ones(spec.n_embd, dtype=np.float32),
@@ -102,7 +112,7 @@ def write_tiny_llama(
     if base_seed is not None:
         base = weights(base_seed)
         tensors = {
-            k: v if k.endswith("norm.weight") else (base[k] + noise * v).astype(np.float32)
+            k: v if k.endswith("norm.weight") else (base[k] + noise * v).astype(v.dtype)
             for k, v in tensors.items()
         }
 
@@ -117,7 +127,9 @@ def write_tiny_llama(
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(10000.0)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(
+        gguf.LlamaFileType.MOSTLY_F16 if spec.dtype == "f16" else gguf.LlamaFileType.ALL_F32
+    )
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)

@@ -1,0 +1,149 @@
+"""``pyramid-gguf run``: answer one prompt with a ladder, streaming text to stdout.
+
+Statistics go to stderr (one line, plus per-stage detail with ``--verbose``); ``--json`` prints
+one JSON object to stdout instead of streaming.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..api import Pyramid
+from ..config import SpecConfig, default_mode
+from ..errors import UserError
+from .options import (
+    ladder_options,
+    load_config_from,
+    sampling_config_from,
+    sampling_options,
+    spec_config_from,
+    spec_options,
+)
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from ``-p``, ``--file`` or piped stdin (exactly one)."""
+    given = [p for p in (prompt, prompt_file) if p is not None]
+    if len(given) > 1:
+        raise UserError("give the prompt once: -p/--prompt or -f/--file, not both")
+    if prompt is not None:
+        return prompt
+    if prompt_file is not None:
+        try:
+            return prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read prompt file {prompt_file}: {e}") from None
+    if not sys.stdin.isatty():
+        text = sys.stdin.read()
+        if text:
+            return text
+    raise UserError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
+
+
+def load_pyramid(params: dict[str, Any]) -> Pyramid:
+    """The ladder named by ``--preset`` or the model flags (the default preset if neither)."""
+    load = load_config_from(params)
+    paths = [params.get(k) for k in ("target", "qualifier", "draft")]
+    if params.get("preset") and any(paths):
+        raise UserError("give either --preset or model paths (--target/--qualifier/--draft), not both")
+    if params.get("target") is None and any(paths):
+        raise UserError("--target is required when --draft or --qualifier is given")
+    if params.get("target") is None:
+        from ..presets import DEFAULT_PRESET, resolve_preset
+
+        resolved = resolve_preset(params.get("preset") or DEFAULT_PRESET)
+        spec = spec_config_from(params, resolved.spec)
+        return Pyramid.from_paths(
+            resolved.target, draft=resolved.draft, qualifier=resolved.qualifier,
+            load=load, spec=spec, name=resolved.name,
+        )
+    n_tiers = sum(p is not None for p in paths)
+    spec = spec_config_from(params, SpecConfig(mode=default_mode(n_tiers)))
+    return Pyramid.from_paths(
+        params["target"], draft=params.get("draft"), qualifier=params.get("qualifier"),
+        load=load, spec=spec,
+    )
+
+
+@click.command()
+@click.option("--prompt", "-p", default=None, help="Prompt text.")
+@click.option("--file", "-f", "prompt_file", type=click.Path(path_type=Path), default=None,
+              help="Read the prompt from a file.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the target's chat template.")
+@click.option("--system", default=None, help="System message (with --chat).")
+@ladder_options
+@sampling_options
+@spec_options
+@click.option("--exact-rule", type=click.Choice(["exact", "greedy-match"]), default=None,
+              help="Rule of the lossless stages: speculative sampling (default) or token matching.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text and stats).")
+@click.option("--verbose", "-v", is_flag=True, help="Per-stage and per-tier statistics on stderr.")
+def run(
+    prompt: str | None,
+    prompt_file: Path | None,
+    chat: bool,
+    system: str | None,
+    exact_rule: str | None,
+    as_json: bool,
+    verbose: bool,
+    **params: Any,
+) -> None:
+    """Generate an answer to a prompt.
+
+    \b
+    pyramid-gguf run -p "def quicksort(xs):"                      # default ladder
+    pyramid-gguf run --draft 1b.gguf --qualifier 3b.gguf --target 8b.gguf -p "..."
+    pyramid-gguf run --draft ngram --target 8b.gguf --mode sd -f prompt.txt
+    """
+    text = read_prompt(prompt, prompt_file)
+    sampling = sampling_config_from(params)
+    if system is not None and not chat:
+        raise UserError("--system needs --chat")
+    with load_pyramid(params) as pyramid:
+        spec = pyramid.spec if exact_rule is None else pyramid.spec.with_(exact_rule=exact_rule)
+        if chat:
+            messages = [{"role": "user", "content": text}]
+            if system is not None:
+                messages.insert(0, {"role": "system", "content": system})
+            tokens: list[int] = pyramid.chat_tokens(messages)
+        else:
+            tokens = pyramid.tokenize(text)
+        pieces: list[str] = []
+        finish = "length"
+        last = None
+        for last in pyramid.stream(tokens, sampling, spec):
+            pieces.append(last.text)
+            if not as_json and last.text:
+                click.echo(last.text, nl=False)
+                sys.stdout.flush()
+            finish = last.finish_reason or finish
+        assert last is not None
+        stats = last.stats
+        if as_json:
+            click.echo(json.dumps({
+                "text": "".join(pieces),
+                "finish_reason": finish,
+                "model": pyramid.name,
+                "stats": stats.to_dict(),
+            }, indent=2))
+            return
+        click.echo("")
+        click.echo(stats.summary(), err=True)
+        if verbose:
+            for s in stats.stages:
+                click.echo(
+                    f"  {s.name}: draft_n={s.draft_n} draft_n_accepted={s.draft_n_accepted} "
+                    f"mean_accepted={s.mean_accepted:.2f} histogram={s.histogram}",
+                    err=True,
+                )
+            for t in stats.tiers:
+                click.echo(
+                    f"  {t.name}: {t.n_evals} evals, {t.n_tokens} tokens, {t.seconds:.3f} s",
+                    err=True,
+                )
+            click.echo(f"  scheduler: {stats.scheduler_seconds:.3f} s", err=True)

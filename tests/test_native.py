@@ -1,0 +1,104 @@
+"""The adapter: exact logits rows, rollback, snapshot rollback, tokenization, bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llama_cpp import Llama
+
+from pyramid_gguf.config import LoadConfig
+from pyramid_gguf.errors import ContextOverflow, ModelFileError
+from pyramid_gguf.native import NativeModel, check_gguf_path
+
+TEXT = "the model of the tree and the graph return data"
+
+
+def test_rows_equal_llama_cpp_python_logits(tiny_target: Path, tiny_load: LoadConfig) -> None:
+    with NativeModel(tiny_target, tiny_load) as m:
+        tokens = m.tokenize(TEXT)
+        rows = m.eval(tokens, [0, 3, -1])
+    ref = Llama(str(tiny_target), n_ctx=512, logits_all=True, verbose=False, flash_attn=False,
+                n_threads=1)
+    ref.eval(tokens)
+    scores = np.asarray(ref.scores[: len(tokens)])
+    assert rows.shape == (3, m.n_vocab)
+    np.testing.assert_allclose(rows, scores[[0, 3, len(tokens) - 1]], atol=1e-4)
+    ref.close()
+
+
+def test_eval_returns_exactly_the_rows_asked_in_order(tiny_target: Path, tiny_load: LoadConfig) -> None:
+    with NativeModel(tiny_target, tiny_load) as m:
+        tokens = m.tokenize(TEXT)
+        all_rows = m.eval(tokens, range(len(tokens)))
+        m.reset()
+        picked = m.eval(tokens, [5, 2, -1])
+        assert m.n_past == len(tokens)
+    np.testing.assert_allclose(picked, all_rows[[5, 2, len(tokens) - 1]], atol=1e-5)
+
+
+@pytest.mark.parametrize("force_snapshot", [False, True])
+def test_rollback_then_eval_matches_fresh_evaluation(
+    tiny_target: Path, force_snapshot: bool
+) -> None:
+    load = LoadConfig(n_ctx=512, n_batch=128, n_threads=1, n_threads_batch=1,
+                      force_snapshot_rollback=force_snapshot)
+    g = np.random.default_rng(0)
+    with NativeModel(tiny_target, load) as m, NativeModel(tiny_target, load) as fresh:
+        assert (m.snapshot_reason == "forced") is force_snapshot
+        seq = [int(t) for t in g.integers(3, m.n_vocab, size=60)]
+        m.eval(seq[:40])
+        for _ in range(25):
+            cut = int(g.integers(1, m.n_past + 1))
+            m.rollback(cut)
+            assert m.tokens == seq[:cut]
+            extra = int(g.integers(1, 12))
+            got = m.eval(seq[cut : cut + extra], [-1])[0]
+            fresh.reset()
+            want = fresh.eval(seq[: cut + extra], [-1])[0]
+            np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+def test_prompt_longer_than_batch_is_chunked(tiny_target: Path) -> None:
+    load = LoadConfig(n_ctx=512, n_batch=16, n_threads=1, n_threads_batch=1)
+    big = LoadConfig(n_ctx=512, n_batch=128, n_threads=1, n_threads_batch=1)
+    seq = list(range(3, 80))
+    with NativeModel(tiny_target, load) as a, NativeModel(tiny_target, big) as b:
+        # Different micro-batch shapes round differently through the f16 KV cache.
+        np.testing.assert_allclose(a.eval(seq, [-1, 20]), b.eval(seq, [-1, 20]), atol=2e-2)
+
+
+def test_context_overflow_is_a_user_error(tiny_target: Path) -> None:
+    with NativeModel(tiny_target, LoadConfig(n_ctx=256, n_threads=1, n_threads_batch=1)) as m:
+        with pytest.raises(ContextOverflow, match="context full"):
+            m.eval(list(range(3, 3 + m.n_ctx + 1)))
+
+
+def test_tokenize_detokenize_roundtrip(tiny_target: Path, tiny_load: LoadConfig) -> None:
+    with NativeModel(tiny_target, tiny_load) as m:
+        tokens = m.tokenize("the tree é")
+        assert tokens[0] == m.bos
+        assert m.detokenize(tokens[1:]).strip() == "the tree é"
+        assert m.is_eog(m.eos)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "not found"), (b"not a gguf at all", "not a GGUF"), (b"GGUF", "truncated")],
+)
+def test_bad_model_files(tmp_path: Path, content: bytes | None, message: str) -> None:
+    path = tmp_path / "m.gguf"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ModelFileError, match=message):
+        check_gguf_path(path)
+    with pytest.raises(ModelFileError, match="directory"):
+        check_gguf_path(tmp_path)
+
+
+def test_truncated_gguf_fails_to_load_cleanly(tmp_path: Path, tiny_target: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_target.read_bytes()[:50_000])
+    with pytest.raises(ModelFileError, match="could not load"):
+        NativeModel(cut, LoadConfig(n_threads=1, n_threads_batch=1))
