@@ -79,9 +79,15 @@ class Pyramid:
         load: LoadConfig | None = None,
         spec: SpecConfig | None = None,
         name: str | None = None,
+        tier_loads: dict[str, LoadConfig] | None = None,
     ) -> Pyramid:
-        """Load the models (all paths are checked before any is loaded) and check vocabularies."""
+        """Load the models (all paths are checked before any is loaded) and check vocabularies.
+
+        ``tier_loads`` overrides ``load`` per tier (``draft``/``qualifier``/``target``), as a
+        memory plan does.
+        """
         load = load or LoadConfig()
+        tier_loads = tier_loads or {}
         named = [("target", target), ("qualifier", qualifier)]
         if draft is not None and str(draft) != NGRAM:
             named.append(("draft", draft))
@@ -89,7 +95,7 @@ class Pyramid:
         models: dict[str, NativeModel] = {}
         try:
             for tier, path in checked.items():
-                models[tier] = NativeModel(path, load)
+                models[tier] = NativeModel(path, tier_loads.get(tier, load))
             order = [models[t] for t in ("target", "qualifier", "draft") if t in models]
             check_same_vocabulary(order)
         except BaseException:

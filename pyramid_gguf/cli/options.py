@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..api import Pyramid
 from ..config import (
     DIVERGENCES,
     FUZZY_VARIANTS,
@@ -19,8 +20,10 @@ from ..config import (
     LoadConfig,
     SamplingConfig,
     SpecConfig,
+    default_mode,
     default_threads,
 )
+from ..errors import UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,6 +66,9 @@ def ladder_options(f: F) -> F:
                          show_default=True, help="KV cache type for K."),
             click.option("--cache-type-v", "type_v", type=click.Choice(KV_TYPES), default="f16",
                          show_default=True, help="KV cache type for V."),
+            click.option("--vram", metavar="SIZE|auto", default=None,
+                         help="Fit the ladder into this much GPU memory (8GiB, 6GB, 512MiB; auto: "
+                              "free memory per nvidia-smi): plans --n-gpu-layers per tier."),
         ],
         f,
     )
@@ -151,3 +157,46 @@ def spec_config_from(params: dict[str, Any], base: SpecConfig) -> SpecConfig:
     """``base`` (the ladder's recommendation or the default) with the flags the user gave."""
     changes = {k: params[k] for k in SPEC_FLAGS if params.get(k) is not None}
     return base.with_(**changes) if changes else base
+
+
+def load_pyramid(params: dict[str, Any]) -> Pyramid:
+    """The ladder named by ``--preset`` or the model flags (the default preset if neither),
+    loaded with the flags of :func:`ladder_options` and the spec flags of :func:`spec_options`.
+    """
+    load = load_config_from(params)
+    paths = [params.get(k) for k in ("target", "qualifier", "draft")]
+    if params.get("preset") and any(paths):
+        raise UserError("give either --preset or model paths (--target/--qualifier/--draft), not both")
+    if params.get("target") is None and any(paths):
+        raise UserError("--target is required when --draft or --qualifier is given")
+    name = None
+    if params.get("target") is None:
+        from ..presets import DEFAULT_PRESET, resolve_preset
+
+        resolved = resolve_preset(params.get("preset") or DEFAULT_PRESET)
+        target, qualifier, draft = resolved.target, resolved.qualifier, resolved.draft
+        base, name = resolved.spec, resolved.name
+    else:
+        target, qualifier, draft = params["target"], params.get("qualifier"), params.get("draft")
+        base = SpecConfig(mode=default_mode(sum(p is not None for p in paths)))
+    return Pyramid.from_paths(
+        target, draft=draft, qualifier=qualifier, load=load,
+        spec=spec_config_from(params, base), name=name,
+        tier_loads=_planned_loads(params.get("vram"), load, target, qualifier, draft),
+    )
+
+
+def _planned_loads(
+    vram: str | None, load: LoadConfig, target: Any, qualifier: Any, draft: Any
+) -> dict[str, LoadConfig] | None:
+    """Per-tier load configs from the memory planner when ``--vram`` is given."""
+    if vram is None:
+        return None
+    from ..planner import plan_ladder, resolve_budget, tier_load_config
+
+    model_draft = None if draft is None or str(draft) == "ngram" else draft
+    plan = plan_ladder(
+        resolve_budget(vram), draft=model_draft, qualifier=qualifier, target=target,
+        n_ctx=load.n_ctx, n_ubatch=load.n_batch, type_k=load.type_k, type_v=load.type_v,
+    )
+    return {tier: tier_load_config(plan, tier, load) for tier in plan.tier_names}

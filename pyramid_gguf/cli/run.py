@@ -13,15 +13,12 @@ from typing import Any
 
 import click
 
-from ..api import Pyramid
-from ..config import SpecConfig, default_mode
 from ..errors import UserError
 from .options import (
     ladder_options,
-    load_config_from,
+    load_pyramid,
     sampling_config_from,
     sampling_options,
-    spec_config_from,
     spec_options,
 )
 
@@ -43,31 +40,6 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         if text:
             return text
     raise UserError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
-
-
-def load_pyramid(params: dict[str, Any]) -> Pyramid:
-    """The ladder named by ``--preset`` or the model flags (the default preset if neither)."""
-    load = load_config_from(params)
-    paths = [params.get(k) for k in ("target", "qualifier", "draft")]
-    if params.get("preset") and any(paths):
-        raise UserError("give either --preset or model paths (--target/--qualifier/--draft), not both")
-    if params.get("target") is None and any(paths):
-        raise UserError("--target is required when --draft or --qualifier is given")
-    if params.get("target") is None:
-        from ..presets import DEFAULT_PRESET, resolve_preset
-
-        resolved = resolve_preset(params.get("preset") or DEFAULT_PRESET)
-        spec = spec_config_from(params, resolved.spec)
-        return Pyramid.from_paths(
-            resolved.target, draft=resolved.draft, qualifier=resolved.qualifier,
-            load=load, spec=spec, name=resolved.name,
-        )
-    n_tiers = sum(p is not None for p in paths)
-    spec = spec_config_from(params, SpecConfig(mode=default_mode(n_tiers)))
-    return Pyramid.from_paths(
-        params["target"], draft=params.get("draft"), qualifier=params.get("qualifier"),
-        load=load, spec=spec,
-    )
 
 
 @click.command()

@@ -1,0 +1,109 @@
+"""``pyramid-gguf run`` as a user runs it: streaming, JSON, stdin, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pyramid_gguf.cli.main import main
+
+FAST = ["-t", "1", "-c", "512", "--temp", "0", "-n", "12"]
+
+
+def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
+    r = CliRunner().invoke(main, list(args), input=input)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_run_streams_text_and_prints_stats(tiny_target: Path, tiny_draft: Path,
+                                           tiny_qualifier: Path) -> None:
+    code, out, err = invoke("run", "--target", str(tiny_target), "--draft", str(tiny_draft),
+                            "--qualifier", str(tiny_qualifier), "-p", "the model", *FAST, "-v")
+    assert code == 0, err
+    assert out.strip()
+    assert "mode psd-exact" in err
+    assert "draft_n=" in err
+
+
+def test_run_json_and_modes_agree(tiny_target: Path, tiny_draft: Path) -> None:
+    texts = {}
+    for mode in ("target", "sd"):
+        code, out, err = invoke("run", "--target", str(tiny_target), "--draft", str(tiny_draft),
+                                "-p", "the model", *FAST, "--mode", mode, "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["stats"]["mode"] == mode
+        assert doc["stats"]["generated_tokens"] <= 12
+        texts[mode] = doc["text"]
+    assert texts["sd"] == texts["target"]
+
+
+def test_prompt_from_stdin_and_file(tiny_target: Path, tmp_path: Path) -> None:
+    code, out_stdin, _ = invoke("run", "--target", str(tiny_target), *FAST, input="the model")
+    assert code == 0
+    f = tmp_path / "prompt.txt"
+    f.write_text("the model")
+    code, out_file, _ = invoke("run", "--target", str(tiny_target), *FAST, "-f", str(f))
+    assert code == 0
+    assert out_file == out_stdin
+
+
+def test_chat_uses_the_gguf_template(tiny_target: Path, tiny_draft: Path) -> None:
+    code, out, err = invoke("run", "--target", str(tiny_target), "--chat", "-p", "hi", *FAST)
+    assert code == 0, err
+    code, _, err = invoke("run", "--target", str(tiny_draft), "--chat", "-p", "hi", *FAST)
+    assert code == 1
+    assert "has no chat template" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "/nonexistent/model.gguf", "-p", "x"], "model file not found"),
+        (["--target", "/", "-p", "x"], "is a directory"),
+        (["--target", "{notgguf}", "-p", "x"], "not a GGUF file"),
+        (["--target", "{truncated}", "-p", "x"], "could not load"),
+        (["--target", "{target}", "-p", "x", "--temp", "-1"], "--temperature must be >= 0"),
+        (["--target", "{target}", "-p", "x", "--top-p", "2"], "--top-p must be in"),
+        (["--target", "{target}", "-p", "x", "-n", "0"], "--max-tokens must be at least 1"),
+        (["--target", "{target}", "-p", "x", "--mode", "sd"], "needs a draft model"),
+        (["--target", "{target}", "-p", "x", "--l-d", "0", "--draft", "ngram"], "--l-d must be"),
+        (["--target", "{target}", "-p", "the " * 600], "does not fit the context"),
+        (["--target", "{target}", "--draft", "{other}", "-p", "x"], "vocabularies differ"),
+        (["--draft", "{target}", "-p", "x"], "--target is required"),
+        (["--target", "{target}", "-p", "x", "-f", "{notgguf}"], "not both"),
+        (["--target", "{target}", "-p", "x", "--vram", "lots"], "bad size"),
+    ],
+)
+def test_bad_input_is_one_line_error(
+    args: list[str], message: str, tmp_path: Path, tiny_target: Path, tiny_other_vocab: Path
+) -> None:
+    notgguf = tmp_path / "x.gguf"
+    notgguf.write_text("hello")
+    truncated = tmp_path / "t.gguf"
+    truncated.write_bytes(tiny_target.read_bytes()[:40_000])
+    subst = {"{notgguf}": str(notgguf), "{truncated}": str(truncated),
+             "{target}": str(tiny_target), "{other}": str(tiny_other_vocab)}
+    argv = [subst.get(a, a) for a in args]
+    code, out, err = invoke("run", *argv, "-t", "1", "-c", "512")
+    assert code == 1, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    assert message in lines[0]
+    assert "Traceback" not in err
+
+
+def test_bad_flag_through_a_real_process(tiny_target: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "pyramid_gguf", "run", "--target", str(tiny_target), "-p", "x",
+         "--mode", "warp-speed"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "Invalid value for '--mode'" in r.stderr
