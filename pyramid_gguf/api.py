@@ -119,7 +119,11 @@ class Pyramid:
 
         r = resolve_preset(preset)
         return cls.from_paths(
-            r.target, draft=r.draft, qualifier=r.qualifier, load=load, spec=spec or r.spec,
+            r.target,
+            draft=r.draft,
+            qualifier=r.qualifier,
+            load=load,
+            spec=spec or r.spec,
             name=preset,
         )
 
@@ -162,7 +166,9 @@ class Pyramid:
             eos_token=self.target.token_text(self.target.eos),
         )
 
-    def chat_tokens(self, messages: list[dict[str, Any]], chat_template: str | None = None) -> list[int]:
+    def chat_tokens(
+        self, messages: list[dict[str, Any]], chat_template: str | None = None
+    ) -> list[int]:
         """Token ids of a templated chat (BOS once, special tokens parsed)."""
         tokens = self.tokenize(self.apply_chat_template(messages, chat_template))
         bos = self.target.bos
@@ -227,7 +233,10 @@ class Pyramid:
             ids += last.token_ids
         assert last is not None
         return Completion(
-            "".join(texts), ids, last.finish_reason or "length", last.stats,
+            "".join(texts),
+            ids,
+            last.finish_reason or "length",
+            last.stats,
             prompt_tokens=last.stats.prompt_tokens,
         )
 

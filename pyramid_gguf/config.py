@@ -27,7 +27,17 @@ LOSSLESS_MODES: frozenset[str] = frozenset({"target", "sd", "psd-exact"})
 DIVERGENCES: tuple[Divergence, ...] = ("js", "kl", "tv")
 FUZZY_VARIANTS: tuple[FuzzyVariant, ...] = ("reducible", "pure")
 EXACT_RULES: tuple[ExactRule, ...] = ("exact", "greedy-match")
-KV_TYPES: tuple[KvType, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+KV_TYPES: tuple[KvType, ...] = (
+    "f32",
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "iq4_nl",
+)
 
 #: How many tiers each mode needs (bottom proposer included).
 MODE_TIERS: dict[str, int] = {
@@ -62,6 +72,13 @@ class LoadConfig:
     type_k: KvType = "f16"
     type_v: KvType = "f16"
     seed: int = 0
+    #: Largest micro-batch of a generation-time evaluation (verification, drafting); 0: no
+    #: limit. llama.cpp's CPU backend switches matrix kernels at 8 tokens (CUDA too, MMVQ ->
+    #: MMQ) and the two round differently (up to ~0.7 logits on a Q4_K_M 1.5B), so a
+    #: verification batch of 8+ tokens could flip a near-tie that one-token target decoding
+    #: would not. 7 keeps every mode token-identical to target decoding at temperature 0;
+    #: 0 is faster on GPUs. Prompt processing is never split.
+    verify_batch: int = 7
     #: llama.cpp's extra weight buffers (AMX, CPU repacking). None: on, except on CPUs with
     #: AMX, whose batched kernels crash in llama-cpp-python 0.3.36 (see native.py).
     extra_buffers: bool | None = None
@@ -71,6 +88,8 @@ class LoadConfig:
     def __post_init__(self) -> None:
         if self.n_ctx < 16:
             raise UserError(f"--ctx-size must be at least 16, got {self.n_ctx}")
+        if self.verify_batch < 0:
+            raise UserError(f"verify_batch must be >= 0, got {self.verify_batch}")
         if self.n_batch < 1:
             raise UserError(f"--batch-size must be positive, got {self.n_batch}")
         if self.n_threads < 1 or self.n_threads_batch < 1:

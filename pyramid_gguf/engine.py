@@ -11,15 +11,15 @@ cancellation).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import SamplingConfig, SpecConfig
 from .errors import ContextOverflow, UserError
-from .protocol import Proposer
 from .proposers import DraftProposer, NGramProposer, QualifiedProposer
+from .protocol import Proposer
 from .sampling import sample, warp
 from .stage import StageRule, verify
 from .stats import GenerationStats, TierStats
@@ -110,7 +110,7 @@ def decode(
     sampling: SamplingConfig,
     rng: np.random.Generator,
     stats: GenerationStats,
-) -> Iterator[int]:
+) -> Generator[int, None, None]:
     """Yield generated token ids one at a time, filling ``stats`` as it goes.
 
     Ends after ``sampling.max_tokens`` tokens, at an end-of-generation token (yielded, unless

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import llama_cpp
 import numpy as np
@@ -97,7 +97,10 @@ class VocabInfo:
     eos: int
 
     def describe(self) -> str:
-        return f"{self.tokenizer_model} tokenizer, {self.n_vocab} tokens, bos={self.bos} eos={self.eos}"
+        return (
+            f"{self.tokenizer_model} tokenizer, {self.n_vocab} tokens, "
+            f"bos={self.bos} eos={self.eos}"
+        )
 
 
 @dataclass
@@ -133,7 +136,9 @@ class NativeModel:
         )
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            raise ModelFileError(f"llama.cpp could not load {self.path} (truncated or corrupt GGUF?)")
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path} (truncated or corrupt GGUF?)"
+            )
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -201,13 +206,15 @@ class NativeModel:
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def eval(self, tokens: Sequence[int], logits_at: Sequence[int] = ()) -> np.ndarray:
+    def eval(
+        self, tokens: Sequence[int], logits_at: Sequence[int] = (), *, chunk: int = 0
+    ) -> np.ndarray:
         """Append ``tokens`` to the cache and return the logits at batch indices ``logits_at``.
 
         ``tokens``: ``[n]`` ids, evaluated in ONE ``llama_decode`` when ``n <= n_batch`` (longer
-        prompts go in ``n_batch`` chunks). ``logits_at``: indices into ``tokens`` (negative
-        counts from the end). Returns float32 ``[len(logits_at), V]``, a copy of exactly those
-        rows.
+        prompts go in ``n_batch`` chunks; ``chunk > 0`` caps each call at ``chunk`` tokens, see
+        ``LoadConfig.verify_batch``). ``logits_at``: indices into ``tokens`` (negative counts
+        from the end). Returns float32 ``[len(logits_at), V]``, a copy of exactly those rows.
         """
         n = len(tokens)
         want = sorted({i + n if i < 0 else i for i in logits_at})
@@ -220,14 +227,15 @@ class NativeModel:
         rows = {i: r for r, i in enumerate(want)}
         out = np.empty((len(want), self.n_vocab), dtype=np.float32)
         start_time = time.perf_counter()
-        for start in range(0, n, self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
-            self._decode(chunk, [i - start for i in want if start <= i < start + len(chunk)])
+        step = min(chunk, self.n_batch) if chunk > 0 else self.n_batch
+        for start in range(0, n, step):
+            part = tokens[start : start + step]
+            self._decode(part, [i - start for i in want if start <= i < start + len(part)])
             for i in want:
-                if start <= i < start + len(chunk):
+                if start <= i < start + len(part):
                     ptr = llama_cpp.llama_get_logits_ith(self._ctx, i - start)
                     out[rows[i]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-            self.tokens.extend(int(t) for t in chunk)
+            self.tokens.extend(int(t) for t in part)
         self.timer.n_evals += 1
         self.timer.n_tokens += n
         self.timer.seconds += time.perf_counter() - start_time
@@ -311,12 +319,16 @@ class NativeModel:
 
     # --- vocabulary ----------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         """Token ids of ``text``; ``add_special`` adds BOS where the model asks for it."""
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        n = llama_cpp.llama_tokenize(
+            self._vocab, data, len(data), buf, cap, add_special, parse_special
+        )
         if n < 0:
             cap = -n
             buf = (llama_cpp.llama_token * cap)()
@@ -403,8 +415,10 @@ def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: int, *, threads: int) -> None:
-    """``llama_model_quantize`` with requantizing allowed; ``ftype`` is a ``LLAMA_FTYPE_*`` value."""
+def quantize(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: int, *, threads: int
+) -> None:
+    """``llama_model_quantize``, requantizing allowed; ``ftype`` is a ``LLAMA_FTYPE_*`` value."""
     _init_backend()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
@@ -416,7 +430,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: in
 
 
 def ftype_names() -> dict[str, int]:
-    """Quantization type names accepted by :func:`quantize` (``Q4_0`` -> ``LLAMA_FTYPE_MOSTLY_Q4_0``)."""
+    """Type names for :func:`quantize` (``Q4_0`` -> ``LLAMA_FTYPE_MOSTLY_Q4_0``)."""
     prefix = "LLAMA_FTYPE_MOSTLY_"
     return {
         name[len(prefix) :]: int(getattr(llama_cpp, name))
@@ -443,6 +457,6 @@ def format_chat(
         add_generation_prompt=add_generation_prompt,
     )
     try:
-        return formatter(messages=messages).prompt
+        return formatter(messages=cast(Any, messages)).prompt
     except Exception as e:  # jinja2 raises many types for bad templates / messages
         raise UserError(f"chat template failed: {e}") from None

@@ -25,7 +25,11 @@ TIERS = ("draft", "qualifier", "target")
 SOURCES = ("hf", "pypi", "derived")
 SPEC_KEYS = ("mode", "l_d", "l_q", "tau_q", "tau_t")
 SPEC_TYPES: dict[str, type | tuple[type, ...]] = {
-    "mode": str, "l_d": int, "l_q": int, "tau_q": (int, float), "tau_t": (int, float),
+    "mode": str,
+    "l_d": int,
+    "l_q": int,
+    "tau_q": (int, float),
+    "tau_t": (int, float),
 }
 PRESET_KEYS = ("description", *SPEC_KEYS, *TIERS)
 TIER_KEYS: dict[str, tuple[str, ...]] = {
@@ -117,10 +121,19 @@ def _parse_tier(preset: str, name: str, table: Any, where: str) -> Tier:
     if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
         raise UserError(f"{where}.sha256: expected 64 lowercase hex digits")
     return Tier(
-        preset=preset, name=name, source=source, file=str(get("file")), sha256=sha,
-        size=get("size"), repo=get("repo"), revision=get("revision"), packages=packages,
+        preset=preset,
+        name=name,
+        source=source,
+        file=str(get("file")),
+        sha256=sha,
+        size=get("size"),
+        repo=get("repo"),
+        revision=get("revision"),
+        packages=packages,
         member=get("member"),
-        derived_from=get("from"), keep_layers=get("keep_layers"), quantize=get("quantize"),
+        derived_from=get("from"),
+        keep_layers=get("keep_layers"),
+        quantize=get("quantize"),
     )
 
 

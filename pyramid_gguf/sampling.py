@@ -70,10 +70,7 @@ def warp(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         # rounding, so a prefix summing to exactly top_p is not extended by one token).
         before = np.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
         probs = np.where(before < cfg.top_p * (1 - 1e-9), probs, 0.0)
-    if cfg.min_p > 0:
-        probs = _min_p(probs, cfg.min_p)
-    else:
-        probs = probs / probs.sum(axis=-1, keepdims=True)
+    probs = _min_p(probs, cfg.min_p) if cfg.min_p > 0 else probs / probs.sum(-1, keepdims=True)
     np.put_along_axis(out, cand, probs, axis=-1)
     return out[0] if squeeze else out
 

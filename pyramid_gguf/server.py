@@ -159,7 +159,8 @@ class ApiKeyMiddleware:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 error = ApiError(
-                    401, "Incorrect or missing API key (send Authorization: Bearer KEY).",
+                    401,
+                    "Incorrect or missing API key (send Authorization: Bearer KEY).",
                     code="invalid_api_key",
                 )
                 await error.response()(scope, receive, send)

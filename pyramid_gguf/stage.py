@@ -73,8 +73,15 @@ def verify(
         outcome = acceptance.greedy_match(tokens, p, rng)
     elif rule.kind == "fuzzy":
         outcome = acceptance.fuzzy(
-            tokens, p, q, z, block.logits, rng,
-            tau=rule.tau, divergence=rule.divergence, variant=rule.variant,
+            tokens,
+            p,
+            q,
+            z,
+            block.logits,
+            rng,
+            tau=rule.tau,
+            divergence=rule.divergence,
+            variant=rule.variant,
         )
     else:
         outcome = acceptance.exact(tokens, p, q, rng)

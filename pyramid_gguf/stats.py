@@ -91,7 +91,9 @@ class GenerationStats:
 
     @property
     def generation_tps(self) -> float:
-        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+        return (
+            self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+        )
 
     @property
     def native_seconds(self) -> float:

@@ -16,13 +16,99 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-_WORDS = (
-    "the of and to in is was for on that with as by at from his her are an be this which or "
-    "have it not had but were one all their they has been there also more new other time can "
-    "def return if else for while import class self print list int str none true false yield "
-    "lambda try except raise with pass break continue range len open read write data value "
-    "key item node tree graph path file line text word code test model token layer batch cache"
-).split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "are",
+    "an",
+    "be",
+    "this",
+    "which",
+    "or",
+    "have",
+    "it",
+    "not",
+    "had",
+    "but",
+    "were",
+    "one",
+    "all",
+    "their",
+    "they",
+    "has",
+    "been",
+    "there",
+    "also",
+    "more",
+    "new",
+    "other",
+    "time",
+    "can",
+    "def",
+    "return",
+    "if",
+    "else",
+    "for",
+    "while",
+    "import",
+    "class",
+    "self",
+    "print",
+    "list",
+    "int",
+    "str",
+    "none",
+    "true",
+    "false",
+    "yield",
+    "lambda",
+    "try",
+    "except",
+    "raise",
+    "with",
+    "pass",
+    "break",
+    "continue",
+    "range",
+    "len",
+    "open",
+    "read",
+    "write",
+    "data",
+    "value",
+    "key",
+    "item",
+    "node",
+    "tree",
+    "graph",
+    "path",
+    "file",
+    "line",
+    "text",
+    "word",
+    "code",
+    "test",
+    "model",
+    "token",
+    "layer",
+    "batch",
+    "cache",
+]
 
 
 @dataclass(frozen=True)
@@ -51,7 +137,9 @@ def tiny_vocab(n_extra: int = 0, salt: str = "") -> tuple[list[str], list[float]
     types = [2, 3, 3]  # unknown, control, control
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [6] * 256  # byte
-    pieces = [f"\u2581{w}{salt}" for w in dict.fromkeys(_WORDS)] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = [f"\u2581{w}{salt}" for w in dict.fromkeys(_WORDS)] + [
+        chr(c) for c in range(ord("a"), ord("z") + 1)
+    ]
     pieces += ["\u2581"] + [f"\u2581x{i}" for i in range(n_extra)]
     tokens += pieces
     types += [1] * len(pieces)

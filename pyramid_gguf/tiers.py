@@ -55,11 +55,11 @@ class ModelTier:
         held = self.model.n_past
         feed = [*context[held:], *tokens]
         first = len(context) - 1 - held
-        return self.model.eval(feed, range(first, len(feed)))
+        return self.model.eval(feed, range(first, len(feed)), chunk=self.model.cfg.verify_batch)
 
     def step(self, token: int) -> np.ndarray:
         """Append one token the tier has just been scored up to; return the next row ``[V]``."""
-        return self.model.eval([token], [0])[0]
+        return self.model.eval([token], [0], chunk=self.model.cfg.verify_batch)[0]
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Evaluate ``prompt[:-1]`` without asking for logits (prompt processing)."""

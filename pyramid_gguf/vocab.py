@@ -20,10 +20,17 @@ FIRST_CHECKED_ID = 5
 class Vocabulary(Protocol):
     """What the check reads of a loaded model."""
 
-    path: Path
-    n_vocab: int
-    bos: int
-    eos: int
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def bos(self) -> int: ...
+
+    @property
+    def eos(self) -> int: ...
 
     def metadata(self) -> dict[str, str]: ...
 
@@ -31,7 +38,7 @@ class Vocabulary(Protocol):
 
 
 def check_same_vocabulary(models: Sequence[Vocabulary]) -> None:
-    """Raise :class:`VocabularyMismatch` (one line) unless every model shares the first's vocabulary."""
+    """Raise :class:`VocabularyMismatch` (one line) unless all share the first's vocabulary."""
     for other in models[1:]:
         _check_pair(models[0], other)
 

@@ -66,7 +66,10 @@ def load_and_capture(path: Path, ngl: int, n_ctx: int, type_k: str) -> list[str]
     try:
         with contextlib.redirect_stdout(log):
             cfg = LoadConfig(
-                n_ctx=n_ctx, n_gpu_layers=ngl, type_k=type_k, type_v=type_k,  # type: ignore[arg-type]
+                n_ctx=n_ctx,
+                n_gpu_layers=ngl,
+                type_k=type_k,
+                type_v=type_k,  # type: ignore[arg-type]
                 flash_attn=True if type_k not in ("f16", "f32") else None,
             )
             with native.NativeModel(path, cfg):

@@ -92,7 +92,7 @@ def test_fuzzy_threshold_separates_close_and_far_positions() -> None:
     zq = np.zeros((2, V))
     zp = np.zeros((3, V))
     zp[1, 5] = 8.0  # position 1 is far from the proposer; position 0 identical
-    p, q = probs(zp), probs(zq)
+    p = probs(zp)
     q_peak = np.zeros((2, V))
     q_peak[np.arange(2), y] = 1.0  # proposer's warped q: it was sure of its tokens
     pure = fuzzy(y, p, q_peak, zp, zq, rng(), tau=0.05, variant="pure")

@@ -20,10 +20,22 @@ def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
-def test_run_streams_text_and_prints_stats(tiny_target: Path, tiny_draft: Path,
-                                           tiny_qualifier: Path) -> None:
-    code, out, err = invoke("run", "--target", str(tiny_target), "--draft", str(tiny_draft),
-                            "--qualifier", str(tiny_qualifier), "-p", "the model", *FAST, "-v")
+def test_run_streams_text_and_prints_stats(
+    tiny_target: Path, tiny_draft: Path, tiny_qualifier: Path
+) -> None:
+    code, out, err = invoke(
+        "run",
+        "--target",
+        str(tiny_target),
+        "--draft",
+        str(tiny_draft),
+        "--qualifier",
+        str(tiny_qualifier),
+        "-p",
+        "the model",
+        *FAST,
+        "-v",
+    )
     assert code == 0, err
     assert out.strip()
     assert "mode psd-exact" in err
@@ -33,8 +45,19 @@ def test_run_streams_text_and_prints_stats(tiny_target: Path, tiny_draft: Path,
 def test_run_json_and_modes_agree(tiny_target: Path, tiny_draft: Path) -> None:
     texts = {}
     for mode in ("target", "sd"):
-        code, out, err = invoke("run", "--target", str(tiny_target), "--draft", str(tiny_draft),
-                                "-p", "the model", *FAST, "--mode", mode, "--json")
+        code, out, err = invoke(
+            "run",
+            "--target",
+            str(tiny_target),
+            "--draft",
+            str(tiny_draft),
+            "-p",
+            "the model",
+            *FAST,
+            "--mode",
+            mode,
+            "--json",
+        )
         assert code == 0, err
         doc = json.loads(out)
         assert doc["stats"]["mode"] == mode
@@ -56,6 +79,7 @@ def test_prompt_from_stdin_and_file(tiny_target: Path, tmp_path: Path) -> None:
 def test_chat_uses_the_gguf_template(tiny_target: Path, tiny_draft: Path) -> None:
     code, out, err = invoke("run", "--target", str(tiny_target), "--chat", "-p", "hi", *FAST)
     assert code == 0, err
+    assert out.strip()
     code, _, err = invoke("run", "--target", str(tiny_draft), "--chat", "-p", "hi", *FAST)
     assert code == 1
     assert "has no chat template" in err
@@ -87,8 +111,12 @@ def test_bad_input_is_one_line_error(
     notgguf.write_text("hello")
     truncated = tmp_path / "t.gguf"
     truncated.write_bytes(tiny_target.read_bytes()[:40_000])
-    subst = {"{notgguf}": str(notgguf), "{truncated}": str(truncated),
-             "{target}": str(tiny_target), "{other}": str(tiny_other_vocab)}
+    subst = {
+        "{notgguf}": str(notgguf),
+        "{truncated}": str(truncated),
+        "{target}": str(tiny_target),
+        "{other}": str(tiny_other_vocab),
+    }
     argv = [subst.get(a, a) for a in args]
     code, out, err = invoke("run", *argv, "-t", "1", "-c", "512")
     assert code == 1, (out, err)
@@ -100,9 +128,21 @@ def test_bad_input_is_one_line_error(
 
 def test_bad_flag_through_a_real_process(tiny_target: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "pyramid_gguf", "run", "--target", str(tiny_target), "-p", "x",
-         "--mode", "warp-speed"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "pyramid_gguf",
+            "run",
+            "--target",
+            str(tiny_target),
+            "-p",
+            "x",
+            "--mode",
+            "warp-speed",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 2
     assert "Traceback" not in r.stderr

@@ -38,7 +38,9 @@ def pyramid(tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path) -> Iterat
 def ngram_pyramid(tiny_target: Path, tiny_qualifier: Path) -> Iterator[Pyramid]:
     from conftest import TINY_LOAD
 
-    with Pyramid.from_paths(tiny_target, draft="ngram", qualifier=tiny_qualifier, load=TINY_LOAD) as p:
+    with Pyramid.from_paths(
+        tiny_target, draft="ngram", qualifier=tiny_qualifier, load=TINY_LOAD
+    ) as p:
         yield p
 
 
@@ -48,7 +50,9 @@ def reference(p: Pyramid, prompt: str, sampling: SamplingConfig = GREEDY) -> lis
 
 @pytest.mark.parametrize("mode", ["sd", "psd-exact"])
 @pytest.mark.parametrize(("l_d", "l_q"), [(1, 1), (2, 3), (4, 8), (7, 16)])
-def test_greedy_lossless_modes_match_target(pyramid: Pyramid, mode: str, l_d: int, l_q: int) -> None:
+def test_greedy_lossless_modes_match_target(
+    pyramid: Pyramid, mode: str, l_d: int, l_q: int
+) -> None:
     spec = SpecConfig(mode=mode, l_d=l_d, l_q=l_q)  # type: ignore[arg-type]
     for prompt in PROMPTS:
         got = pyramid.generate(prompt, GREEDY, spec)
@@ -96,7 +100,10 @@ def test_fuzzy_with_huge_tau_accepts_every_proposal(pyramid: Pyramid) -> None:
 def test_sampled_modes_are_reproducible_with_a_seed(pyramid: Pyramid) -> None:
     s = SamplingConfig(temperature=1.0, seed=123, max_tokens=30)
     spec = SpecConfig(mode="psd-exact", l_d=3, l_q=6)
-    assert pyramid.generate(PROMPTS[0], s, spec).token_ids == pyramid.generate(PROMPTS[0], s, spec).token_ids
+    assert (
+        pyramid.generate(PROMPTS[0], s, spec).token_ids
+        == pyramid.generate(PROMPTS[0], s, spec).token_ids
+    )
 
 
 @pytest.mark.parametrize("mode", ["sd", "psd-exact"])
@@ -124,8 +131,9 @@ def test_no_kv_drift_after_many_rounds(pyramid: Pyramid, tiny_target: Path) -> N
         held = tier.model.tokens
         assert held == committed[: len(held)], tier.name
     after = pyramid.ladder.target.score(committed, [])[0]
-    with NativeModel(tiny_target, LoadConfig(n_ctx=512, n_threads=1, n_threads_batch=1,
-                                             flash_attn=False)) as fresh:
+    with NativeModel(
+        tiny_target, LoadConfig(n_ctx=512, n_threads=1, n_threads_batch=1, flash_attn=False)
+    ) as fresh:
         want = fresh.eval(committed, [-1])[0]
     np.testing.assert_allclose(after, want, atol=2e-2)
     assert int(np.argmax(after)) == int(np.argmax(want))

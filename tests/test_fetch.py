@@ -94,8 +94,11 @@ def test_dropped_connection_leaves_nothing_then_retry_completes(hub: HubServer) 
     assert "Traceback" not in r.stderr and "run pull again" in r.stderr
     root = Path(hub.env["HF_HOME"]) / "hub"  # type: ignore[attr-defined]
     assert not [p for p in root.rglob("good.gguf") if p.exists()]
-    assert not [p for p in root.rglob("*") if p.is_file() and "blobs" in p.parts
-                and not p.name.endswith(".lock")]
+    assert not [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and "blobs" in p.parts and not p.name.endswith(".lock")
+    ]
     hub.state.mode = "ok"
     r = pull(hub, "good")
     assert r.returncode == 0, r.stderr

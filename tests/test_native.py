@@ -19,8 +19,9 @@ def test_rows_equal_llama_cpp_python_logits(tiny_target: Path, tiny_load: LoadCo
     with NativeModel(tiny_target, tiny_load) as m:
         tokens = m.tokenize(TEXT)
         rows = m.eval(tokens, [0, 3, -1])
-    ref = Llama(str(tiny_target), n_ctx=512, logits_all=True, verbose=False, flash_attn=False,
-                n_threads=1)
+    ref = Llama(
+        str(tiny_target), n_ctx=512, logits_all=True, verbose=False, flash_attn=False, n_threads=1
+    )
     ref.eval(tokens)
     scores = np.asarray(ref.scores[: len(tokens)])
     assert rows.shape == (3, m.n_vocab)
@@ -28,7 +29,9 @@ def test_rows_equal_llama_cpp_python_logits(tiny_target: Path, tiny_load: LoadCo
     ref.close()
 
 
-def test_eval_returns_exactly_the_rows_asked_in_order(tiny_target: Path, tiny_load: LoadConfig) -> None:
+def test_eval_returns_exactly_the_rows_asked_in_order(
+    tiny_target: Path, tiny_load: LoadConfig
+) -> None:
     with NativeModel(tiny_target, tiny_load) as m:
         tokens = m.tokenize(TEXT)
         all_rows = m.eval(tokens, range(len(tokens)))
@@ -42,8 +45,13 @@ def test_eval_returns_exactly_the_rows_asked_in_order(tiny_target: Path, tiny_lo
 def test_rollback_then_eval_matches_fresh_evaluation(
     tiny_target: Path, force_snapshot: bool
 ) -> None:
-    load = LoadConfig(n_ctx=512, n_batch=128, n_threads=1, n_threads_batch=1,
-                      force_snapshot_rollback=force_snapshot)
+    load = LoadConfig(
+        n_ctx=512,
+        n_batch=128,
+        n_threads=1,
+        n_threads_batch=1,
+        force_snapshot_rollback=force_snapshot,
+    )
     g = np.random.default_rng(0)
     with NativeModel(tiny_target, load) as m, NativeModel(tiny_target, load) as fresh:
         assert (m.snapshot_reason == "forced") is force_snapshot
@@ -70,9 +78,9 @@ def test_prompt_longer_than_batch_is_chunked(tiny_target: Path) -> None:
 
 
 def test_context_overflow_is_a_user_error(tiny_target: Path) -> None:
-    with NativeModel(tiny_target, LoadConfig(n_ctx=256, n_threads=1, n_threads_batch=1)) as m:
-        with pytest.raises(ContextOverflow, match="context full"):
-            m.eval(list(range(3, 3 + m.n_ctx + 1)))
+    load = LoadConfig(n_ctx=256, n_threads=1, n_threads_batch=1)
+    with NativeModel(tiny_target, load) as m, pytest.raises(ContextOverflow, match="context full"):
+        m.eval(list(range(3, 3 + m.n_ctx + 1)))
 
 
 def test_tokenize_detokenize_roundtrip(tiny_target: Path, tiny_load: LoadConfig) -> None:

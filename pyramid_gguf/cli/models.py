@@ -58,15 +58,31 @@ def pull(preset: str) -> None:
 
 @click.command()
 @click.argument("src", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
-              help="Output GGUF (written to a temporary file, then renamed).")
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Output GGUF (written to a temporary file, then renamed).",
+)
 @click.option("--keep-layers", metavar="LIST", help="Layers to keep, e.g. 0-9,12,14-27.")
-@click.option("--skip-every", type=int, metavar="N",
-              help="Drop every N-th layer (first and last layers are always kept).")
+@click.option(
+    "--skip-every",
+    type=int,
+    metavar="N",
+    help="Drop every N-th layer (first and last layers are always kept).",
+)
 @click.option("--quantize", "qtype", metavar="TYPE", help="Requantize to TYPE (e.g. Q4_0).")
 @click.option("--threads", "-t", type=int, default=None, help="Threads for --quantize.")
-def derive(src: str, out: str, keep_layers: str | None, skip_every: int | None,
-           qtype: str | None, threads: int | None) -> None:
+def derive(
+    src: str,
+    out: str,
+    keep_layers: str | None,
+    skip_every: int | None,
+    qtype: str | None,
+    threads: int | None,
+) -> None:
     """Derive a smaller tier from the GGUF SRC by layer skipping or requantizing."""
     from .. import derive as d
 

@@ -1,4 +1,4 @@
-"""Option groups shared by ``run``, ``bench``, ``tune`` and ``serve``, and the configs built from them.
+"""Option groups shared by ``run``, ``bench``, ``tune`` and ``serve``, and configs built from them.
 
 Each decorator adds a group of flags; each ``*_from`` function turns the parsed flags into a
 frozen config object, so commands pass configs, never loose kwargs.
@@ -38,7 +38,9 @@ def ladder_options(f: F) -> F:
     """``--draft/--qualifier/--target/--preset`` and how each model is loaded."""
     return _apply(
         [
-            click.option("--target", "-m", "target", metavar="GGUF", help="Target (largest) model."),
+            click.option(
+                "--target", "-m", "target", metavar="GGUF", help="Target (largest) model."
+            ),
             click.option(
                 "--qualifier", metavar="GGUF", help="Qualifier (mid-size) model, for psd-* modes."
             ),
@@ -50,25 +52,72 @@ def ladder_options(f: F) -> F:
             click.option(
                 "--preset",
                 metavar="NAME",
-                help="A ladder from models.toml (fetched if missing). Default when no model is given.",
+                help="A ladder from models.toml (fetched if missing); the default without models.",
             ),
-            click.option("--ctx-size", "-c", "n_ctx", type=int, default=4096, show_default=True,
-                         help="Context window of each model, in tokens."),
-            click.option("--batch-size", "-b", "n_batch", type=int, default=512, show_default=True,
-                         help="Largest llama_decode batch."),
-            click.option("--n-gpu-layers", "-ngl", "n_gpu_layers", type=int, default=-1,
-                         show_default=True, help="Layers to offload per model (-1: all)."),
-            click.option("--threads", "-t", "n_threads", type=int, default=None,
-                         help=f"CPU threads for generation and batches [default: {default_threads()}]."),
-            click.option("--flash-attn/--no-flash-attn", "flash_attn", default=None,
-                         help="Force flash attention on or off (default: llama.cpp decides)."),
-            click.option("--cache-type-k", "type_k", type=click.Choice(KV_TYPES), default="f16",
-                         show_default=True, help="KV cache type for K."),
-            click.option("--cache-type-v", "type_v", type=click.Choice(KV_TYPES), default="f16",
-                         show_default=True, help="KV cache type for V."),
-            click.option("--vram", metavar="SIZE|auto", default=None,
-                         help="Fit the ladder into this much GPU memory (8GiB, 6GB, 512MiB; auto: "
-                              "free memory per nvidia-smi): plans --n-gpu-layers per tier."),
+            click.option(
+                "--ctx-size",
+                "-c",
+                "n_ctx",
+                type=int,
+                default=4096,
+                show_default=True,
+                help="Context window of each model, in tokens.",
+            ),
+            click.option(
+                "--batch-size",
+                "-b",
+                "n_batch",
+                type=int,
+                default=512,
+                show_default=True,
+                help="Largest llama_decode batch.",
+            ),
+            click.option(
+                "--n-gpu-layers",
+                "-ngl",
+                "n_gpu_layers",
+                type=int,
+                default=-1,
+                show_default=True,
+                help="Layers to offload per model (-1: all).",
+            ),
+            click.option(
+                "--threads",
+                "-t",
+                "n_threads",
+                type=int,
+                default=None,
+                help=f"CPU threads for generation and batches [default: {default_threads()}].",
+            ),
+            click.option(
+                "--flash-attn/--no-flash-attn",
+                "flash_attn",
+                default=None,
+                help="Force flash attention on or off (default: llama.cpp decides).",
+            ),
+            click.option(
+                "--cache-type-k",
+                "type_k",
+                type=click.Choice(KV_TYPES),
+                default="f16",
+                show_default=True,
+                help="KV cache type for K.",
+            ),
+            click.option(
+                "--cache-type-v",
+                "type_v",
+                type=click.Choice(KV_TYPES),
+                default="f16",
+                show_default=True,
+                help="KV cache type for V.",
+            ),
+            click.option(
+                "--vram",
+                metavar="SIZE|auto",
+                default=None,
+                help="Fit the ladder into this much GPU memory (8GiB, 6GB, 512MiB; auto: "
+                "free memory per nvidia-smi): plans --n-gpu-layers per tier.",
+            ),
         ],
         f,
     )
@@ -78,18 +127,35 @@ def sampling_options(f: F) -> F:
     """Sampling warp, seed and stop conditions."""
     return _apply(
         [
-            click.option("--max-tokens", "-n", type=int, default=256, show_default=True,
-                         help="Tokens to generate at most."),
-            click.option("--temperature", "--temp", "temperature", type=float, default=0.8,
-                         show_default=True, help="0 is greedy."),
+            click.option(
+                "--max-tokens",
+                "-n",
+                type=int,
+                default=256,
+                show_default=True,
+                help="Tokens to generate at most.",
+            ),
+            click.option(
+                "--temperature",
+                "--temp",
+                "temperature",
+                type=float,
+                default=0.8,
+                show_default=True,
+                help="0 is greedy.",
+            ),
             click.option("--top-k", type=int, default=40, show_default=True, help="0 disables."),
-            click.option("--top-p", type=float, default=0.95, show_default=True,
-                         help="1 disables."),
-            click.option("--min-p", type=float, default=0.05, show_default=True,
-                         help="0 disables."),
+            click.option(
+                "--top-p", type=float, default=0.95, show_default=True, help="1 disables."
+            ),
+            click.option(
+                "--min-p", type=float, default=0.05, show_default=True, help="0 disables."
+            ),
             click.option("--seed", "-s", type=int, default=None, help="Random seed."),
             click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-            click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence."),
+            click.option(
+                "--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence."
+            ),
         ],
         f,
     )
@@ -99,23 +165,59 @@ def spec_options(f: F) -> F:
     """Decoding mode and speculative knobs (defaults come from the ladder when not given)."""
     return _apply(
         [
-            click.option("--mode", type=click.Choice(MODES), default=None,
-                         help="Decoding mode [default: psd-exact with 3 models, sd with 2, "
-                              "target with 1]."),
-            click.option("--l-d", "l_d", type=int, default=None,
-                         help="Draft tokens per qualifier check [default: 4]."),
-            click.option("--l-q", "l_q", type=int, default=None,
-                         help="Qualified tokens per target check [default: 8]."),
-            click.option("--tau-q", "tau_q", type=float, default=None,
-                         help="Fuzzy threshold of the draft->qualifier stage (psd-f)."),
-            click.option("--tau-t", "tau_t", type=float, default=None,
-                         help="Fuzzy threshold of the stage into the target (fsd, psd-a, psd-f)."),
-            click.option("--divergence", type=click.Choice(DIVERGENCES), default=None,
-                         help="Fuzzy divergence [default: js]."),
-            click.option("--fuzzy-variant", type=click.Choice(FUZZY_VARIANTS), default=None,
-                         help="reducible (default) or pure (the FSD paper)."),
-            click.option("--p-min", "p_min", type=float, default=None,
-                         help="Stop drafting when the draft's top probability falls under this."),
+            click.option(
+                "--mode",
+                type=click.Choice(MODES),
+                default=None,
+                help="Decoding mode [default: psd-exact with 3 models, sd with 2, target with 1].",
+            ),
+            click.option(
+                "--l-d",
+                "l_d",
+                type=int,
+                default=None,
+                help="Draft tokens per qualifier check [default: 4].",
+            ),
+            click.option(
+                "--l-q",
+                "l_q",
+                type=int,
+                default=None,
+                help="Qualified tokens per target check [default: 8].",
+            ),
+            click.option(
+                "--tau-q",
+                "tau_q",
+                type=float,
+                default=None,
+                help="Fuzzy threshold of the draft->qualifier stage (psd-f).",
+            ),
+            click.option(
+                "--tau-t",
+                "tau_t",
+                type=float,
+                default=None,
+                help="Fuzzy threshold of the stage into the target (fsd, psd-a, psd-f).",
+            ),
+            click.option(
+                "--divergence",
+                type=click.Choice(DIVERGENCES),
+                default=None,
+                help="Fuzzy divergence [default: js].",
+            ),
+            click.option(
+                "--fuzzy-variant",
+                type=click.Choice(FUZZY_VARIANTS),
+                default=None,
+                help="reducible (default) or pure (the FSD paper).",
+            ),
+            click.option(
+                "--p-min",
+                "p_min",
+                type=float,
+                default=None,
+                help="Stop drafting when the draft's top probability falls under this.",
+            ),
         ],
         f,
     )
@@ -166,7 +268,9 @@ def load_pyramid(params: dict[str, Any]) -> Pyramid:
     load = load_config_from(params)
     paths = [params.get(k) for k in ("target", "qualifier", "draft")]
     if params.get("preset") and any(paths):
-        raise UserError("give either --preset or model paths (--target/--qualifier/--draft), not both")
+        raise UserError(
+            "give either --preset or model paths (--target/--qualifier/--draft), not both"
+        )
     if params.get("target") is None and any(paths):
         raise UserError("--target is required when --draft or --qualifier is given")
     name = None
@@ -180,8 +284,12 @@ def load_pyramid(params: dict[str, Any]) -> Pyramid:
         target, qualifier, draft = params["target"], params.get("qualifier"), params.get("draft")
         base = SpecConfig(mode=default_mode(sum(p is not None for p in paths)))
     return Pyramid.from_paths(
-        target, draft=draft, qualifier=qualifier, load=load,
-        spec=spec_config_from(params, base), name=name,
+        target,
+        draft=draft,
+        qualifier=qualifier,
+        load=load,
+        spec=spec_config_from(params, base),
+        name=name,
         tier_loads=_planned_loads(params.get("vram"), load, target, qualifier, draft),
     )
 
@@ -196,7 +304,13 @@ def _planned_loads(
 
     model_draft = None if draft is None or str(draft) == "ngram" else draft
     plan = plan_ladder(
-        resolve_budget(vram), draft=model_draft, qualifier=qualifier, target=target,
-        n_ctx=load.n_ctx, n_ubatch=load.n_batch, type_k=load.type_k, type_v=load.type_v,
+        resolve_budget(vram),
+        draft=model_draft,
+        qualifier=qualifier,
+        target=target,
+        n_ctx=load.n_ctx,
+        n_ubatch=load.n_batch,
+        type_k=load.type_k,
+        type_v=load.type_v,
     )
     return {tier: tier_load_config(plan, tier, load) for tier in plan.tier_names}

@@ -68,18 +68,53 @@ def format_plan(p: Plan) -> str:
     show_default=True,
     help="GPU memory budget, e.g. 8GiB, 6GB, 512MiB (auto: free memory per nvidia-smi).",
 )
-@click.option("--ctx-size", "-c", "n_ctx", type=int, default=4096, show_default=True,
-              help="Context window of each model, in tokens.")
-@click.option("--batch-size", "-b", "n_batch", type=int, default=512, show_default=True,
-              help="Largest llama_decode batch (sizes the compute buffers).")
-@click.option("--cache-type-k", "type_k", type=click.Choice(KV_TYPES), default="f16",
-              show_default=True, help="KV cache type for K.")
-@click.option("--cache-type-v", "type_v", type=click.Choice(KV_TYPES), default="f16",
-              show_default=True, help="KV cache type for V.")
-@click.option("--kv-quant", type=click.Choice(["off", "auto"]), default="off", show_default=True,
-              help="auto: try f16, q8_0, q4_0 KV caches to fit more layers.")
-@click.option("--margin", metavar="SIZE", default=None,
-              help="VRAM kept free [default: max(256MiB, 5% of the budget)].")
+@click.option(
+    "--ctx-size",
+    "-c",
+    "n_ctx",
+    type=int,
+    default=4096,
+    show_default=True,
+    help="Context window of each model, in tokens.",
+)
+@click.option(
+    "--batch-size",
+    "-b",
+    "n_batch",
+    type=int,
+    default=512,
+    show_default=True,
+    help="Largest llama_decode batch (sizes the compute buffers).",
+)
+@click.option(
+    "--cache-type-k",
+    "type_k",
+    type=click.Choice(KV_TYPES),
+    default="f16",
+    show_default=True,
+    help="KV cache type for K.",
+)
+@click.option(
+    "--cache-type-v",
+    "type_v",
+    type=click.Choice(KV_TYPES),
+    default="f16",
+    show_default=True,
+    help="KV cache type for V.",
+)
+@click.option(
+    "--kv-quant",
+    type=click.Choice(["off", "auto"]),
+    default="off",
+    show_default=True,
+    help="auto: try f16, q8_0, q4_0 KV caches to fit more layers.",
+)
+@click.option(
+    "--margin",
+    metavar="SIZE",
+    default=None,
+    help="VRAM kept free [default: max(256MiB, 5% of the budget)].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(
     draft: str | None,

@@ -44,15 +44,27 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 
 @click.command()
 @click.option("--prompt", "-p", default=None, help="Prompt text.")
-@click.option("--file", "-f", "prompt_file", type=click.Path(path_type=Path), default=None,
-              help="Read the prompt from a file.")
-@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message in the target's chat template.")
+@click.option(
+    "--file",
+    "-f",
+    "prompt_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Read the prompt from a file.",
+)
+@click.option(
+    "--chat", is_flag=True, help="Wrap the prompt as a user message in the target's chat template."
+)
 @click.option("--system", default=None, help="System message (with --chat).")
 @ladder_options
 @sampling_options
 @spec_options
-@click.option("--exact-rule", type=click.Choice(["exact", "greedy-match"]), default=None,
-              help="Rule of the lossless stages: speculative sampling (default) or token matching.")
+@click.option(
+    "--exact-rule",
+    type=click.Choice(["exact", "greedy-match"]),
+    default=None,
+    help="Rule of the lossless stages: speculative sampling (default) or token matching.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text and stats).")
 @click.option("--verbose", "-v", is_flag=True, help="Per-stage and per-tier statistics on stderr.")
 def run(
@@ -97,12 +109,17 @@ def run(
         assert last is not None
         stats = last.stats
         if as_json:
-            click.echo(json.dumps({
-                "text": "".join(pieces),
-                "finish_reason": finish,
-                "model": pyramid.name,
-                "stats": stats.to_dict(),
-            }, indent=2))
+            click.echo(
+                json.dumps(
+                    {
+                        "text": "".join(pieces),
+                        "finish_reason": finish,
+                        "model": pyramid.name,
+                        "stats": stats.to_dict(),
+                    },
+                    indent=2,
+                )
+            )
             return
         click.echo("")
         click.echo(stats.summary(), err=True)

@@ -17,17 +17,40 @@ __all__ = ["serve"]
 @spec_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
-@click.option("--api-key", envvar="PYRAMID_GGUF_API_KEY", default=None,
-              help="Require 'Authorization: Bearer KEY' on /v1 (env PYRAMID_GGUF_API_KEY).")
-@click.option("--queue-size", type=int, default=16, show_default=True,
-              help="Requests admitted at once (the running one included); more get 503.")
-@click.option("--chat-format", metavar="NAME|FILE", default=None,
-              help="Chat template: 'chatml', a Jinja file or template text "
-                   "[default: the target GGUF's tokenizer.chat_template].")
-@click.option("--model-name", "--alias", "model_name", default=None,
-              help="Model id reported by /v1/models [default: the preset or target file name].")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-              default="info", show_default=True, help="uvicorn log level.")
+@click.option(
+    "--api-key",
+    envvar="PYRAMID_GGUF_API_KEY",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on /v1 (env PYRAMID_GGUF_API_KEY).",
+)
+@click.option(
+    "--queue-size",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Requests admitted at once (the running one included); more get 503.",
+)
+@click.option(
+    "--chat-format",
+    metavar="NAME|FILE",
+    default=None,
+    help="Chat template: 'chatml', a Jinja file or template text "
+    "[default: the target GGUF's tokenizer.chat_template].",
+)
+@click.option(
+    "--model-name",
+    "--alias",
+    "model_name",
+    default=None,
+    help="Model id reported by /v1/models [default: the preset or target file name].",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+    help="uvicorn log level.",
+)
 def serve(**params: Any) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health.
 
@@ -60,7 +83,10 @@ def _serve(params: dict[str, Any]) -> None:
             err=True,
         )
         uvicorn.run(
-            app, host=params["host"], port=params["port"], log_level=params["log_level"],
+            app,
+            host=params["host"],
+            port=params["port"],
+            log_level=params["log_level"],
             timeout_graceful_shutdown=5,
         )
     finally:

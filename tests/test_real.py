@@ -1,0 +1,84 @@
+"""End-to-end behaviour on real GGUF models from PyPI (MODELS.md). Marked ``real``; CI runs them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import llama_cpp
+import pytest
+
+from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf.native import cpu_has_amx
+
+pytestmark = pytest.mark.real
+
+LOAD = LoadConfig(n_ctx=1024, n_batch=256, n_threads=2, n_threads_batch=2)
+GREEDY = SamplingConfig(temperature=0, max_tokens=32)
+PROMPTS = [
+    "def quicksort(xs):\n",
+    "The three laws of thermodynamics are",
+    "# Rename variable x to total\ndef add(x, y):\n    x = x + y\n    return x\n\n"
+    "# Renamed:\ndef add(total, y):\n",
+]
+
+
+def test_smollm2_greedy_matches_llama_cpp_python(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default_params = llama_cpp.llama_model_default_params
+
+    def params() -> llama_cpp.llama_model_params:  # same weight buffers as our adapter
+        p = default_params()
+        p.use_extra_bufts = not cpu_has_amx()
+        return p
+
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", params)
+    ref = llama_cpp.Llama(
+        str(smollm2_path), n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False
+    )
+    with Pyramid.from_paths(smollm2_path, load=LOAD) as p:
+        for prompt in PROMPTS[:2]:
+            want = ref.create_completion(prompt, max_tokens=24, temperature=0.0)
+            got = p.generate(prompt, GREEDY.with_(max_tokens=24))
+            assert got.text == want["choices"][0]["text"]
+            assert got.stats.generated_tokens == want["usage"]["completion_tokens"]
+    ref.close()
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_draft_path: Path, qwen_target_path: Path) -> Iterator[Pyramid]:
+    with Pyramid.from_paths(qwen_target_path, draft=qwen_draft_path, load=LOAD) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def qwen_ngram(qwen_draft_path: Path, qwen_target_path: Path) -> Iterator[Pyramid]:
+    """ngram -> 0.5B -> 1.5B: a three-tier pyramid whose bottom costs nothing."""
+    with Pyramid.from_paths(
+        qwen_target_path, draft="ngram", qualifier=qwen_draft_path, load=LOAD
+    ) as p:
+        yield p
+
+
+def test_qwen_sd_and_psd_exact_reproduce_target(qwen: Pyramid, qwen_ngram: Pyramid) -> None:
+    for prompt in PROMPTS:
+        want = qwen.generate(prompt, GREEDY, SpecConfig(mode="target"))
+        sd = qwen.generate(prompt, GREEDY, SpecConfig(mode="sd", l_d=4))
+        psd = qwen_ngram.generate(prompt, GREEDY, SpecConfig(mode="psd-exact", l_d=4, l_q=8))
+        assert sd.token_ids == want.token_ids, prompt
+        assert psd.token_ids == want.token_ids, prompt
+        for got in (sd, psd):
+            assert got.stats.generated_tokens == len(got.token_ids)
+            for stage in got.stats.stages:
+                assert 0 <= stage.draft_n_accepted <= stage.draft_n
+                assert sum(stage.histogram) == stage.verifications
+                assert sum(n * c for n, c in enumerate(stage.histogram)) == stage.draft_n_accepted
+        top = psd.stats.stages[-1]
+        # Every committed token is an accepted proposal or the target's own token per round.
+        assert top.draft_n_accepted + top.verifications >= len(psd.token_ids)
+
+
+def test_qwen_draft_agrees_with_target_often(qwen: Pyramid) -> None:
+    got = qwen.generate(PROMPTS[0], GREEDY, SpecConfig(mode="sd", l_d=4))
+    assert got.stats.stages[0].acceptance_rate > 0.5

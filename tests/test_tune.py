@@ -1,0 +1,114 @@
+"""``tune`` on tiny models: a configuration, never one slower than target; load_tuned round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench_fixtures import PROMPTS, load_ladder, write_ladder
+from click.testing import CliRunner
+
+from pyramid_gguf.cli.main import main
+from pyramid_gguf.config import SamplingConfig, SpecConfig
+from pyramid_gguf.tune import (
+    TuneResult,
+    candidates,
+    ladder_key,
+    load_tuned,
+    save_tuned,
+    tune,
+    tuned_path,
+)
+
+
+@pytest.fixture(scope="module")
+def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_ladder(tmp_path_factory.mktemp("tune-ladder"))
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.5])
+def test_tune_never_slower_than_target(ladder_paths: dict[str, Path], drop: float) -> None:
+    with load_ladder(ladder_paths) as p:
+        r = tune(
+            p,
+            ladder_paths,
+            PROMPTS,
+            SamplingConfig(temperature=0, max_tokens=10),
+            max_quality_drop=drop,
+            max_configs=5,
+            budget_seconds=60,
+        )
+    assert isinstance(r.spec, SpecConfig)
+    assert r.recommend_target == (r.spec.mode == "target")
+    assert r.speedup >= 1.0 and r.tps >= r.target_tps
+    if drop == 0:
+        assert r.spec.lossless
+        assert all(m["mode"] in ("sd", "psd-exact") for m in r.measured)
+    assert r.quality_drop <= drop
+    assert 0 < len([m for m in r.measured if m["phase"] == "screen"]) <= 5
+    assert r.path == tuned_path(ladder_paths) and r.path.is_file()
+    assert load_tuned(ladder_paths) == r.spec
+
+
+def test_load_tuned_round_trip(ladder_paths: dict[str, Path], home: Path) -> None:
+    assert load_tuned(ladder_paths) is None
+    spec = SpecConfig(mode="sd", l_d=6, p_min=0.2)
+    result = TuneResult(spec, False, 1.3, 13.0, 10.0, 0.0, 0.0, ladder_key(ladder_paths))
+    path = save_tuned(result, ladder_paths)
+    assert path.parent == home / "tuned"
+    assert load_tuned(ladder_paths) == spec
+    assert load_tuned({**ladder_paths, "draft": "ngram"}) is None  # another ladder
+    data = json.loads(path.read_text())
+    assert data["ladder"]["target"]["size"] == ladder_paths["target"].stat().st_size
+    path.write_text("{broken")
+    assert load_tuned(ladder_paths) is None
+
+
+def test_candidates() -> None:
+    base = SpecConfig()
+    assert candidates(base, has_draft=False, has_qualifier=False) == []
+    lossless = candidates(base, has_draft=True, has_qualifier=True)
+    assert {c.spec.mode for c in lossless} == {"sd", "psd-exact"}
+    two = candidates(base, has_draft=True, has_qualifier=False, max_quality_drop=0.1)
+    assert {c.spec.mode for c in two} == {"sd", "fsd"}
+    ngram = candidates(base, has_draft=True, has_qualifier=False, ngram=True)
+    assert all(c.spec.p_min == 0 for c in ngram)
+
+
+def test_cli_tune(ladder_paths: dict[str, Path]) -> None:
+    out = CliRunner().invoke(
+        main,
+        [
+            "tune",
+            "-m",
+            str(ladder_paths["target"]),
+            "--draft",
+            str(ladder_paths["draft"]),
+            "-n",
+            "8",
+            "--max-configs",
+            "2",
+            "--prompts",
+            "code",
+            "-c",
+            "256",
+            "-t",
+            "1",
+            "--json",
+            "--raw",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["speedup"] >= 1.0 and Path(doc["path"]).is_file()
+    bad = CliRunner().invoke(
+        main, ["tune", "-m", str(ladder_paths["target"]), "--max-quality-drop", "2"]
+    )
+    assert bad.exit_code == 1 and "max-quality-drop" in bad.output
