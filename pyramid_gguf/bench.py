@@ -27,7 +27,7 @@ from typing import Any
 
 from .config import MODE_TIERS, MODES, SamplingConfig, SpecConfig
 from .errors import UserError
-from .stats import GenerationStats
+from .stats import GenerationStats, StageStats
 
 #: Knobs ``--sweep`` accepts, with their value types.
 SWEEP_KNOBS: dict[str, type] = {
@@ -324,49 +324,12 @@ def total_steps(n_configs: int, n_prompts: int, repeats: int, n_humaneval: int =
 # --- aggregation -----------------------------------------------------------------------------
 
 
-@dataclass
-class StageSummary:
-    """A stage's acceptance over every measured generation of a row (sums of the engine's)."""
-
-    name: str
-    draft_n: int = 0
-    draft_n_accepted: int = 0
-    verifications: int = 0
-    histogram: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.draft_n_accepted / self.verifications if self.verifications else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "draft_n": self.draft_n,
-            "draft_n_accepted": self.draft_n_accepted,
-            "verifications": self.verifications,
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "mean_accepted": round(self.mean_accepted, 3),
-            "histogram": list(self.histogram),
-        }
-
-
-def sum_stages(stats: Iterable[GenerationStats]) -> list[StageSummary]:
+def sum_stages(stats: Iterable[GenerationStats]) -> list[StageStats]:
     """Per-stage sums of ``draft_n``, ``draft_n_accepted``, verifications and histograms."""
-    out: dict[str, StageSummary] = {}
+    out: dict[str, StageStats] = {}
     for s in stats:
         for st in s.stages:
-            agg = out.setdefault(st.name, StageSummary(st.name))
-            agg.draft_n += st.draft_n
-            agg.draft_n_accepted += st.draft_n_accepted
-            agg.verifications += st.verifications
-            if len(agg.histogram) < len(st.histogram):
-                agg.histogram += [0] * (len(st.histogram) - len(agg.histogram))
-            for n, count in enumerate(st.histogram):
-                agg.histogram[n] += count
+            out.setdefault(st.name, StageStats(st.name)).merge(st)
     return list(out.values())
 
 
@@ -413,7 +376,7 @@ class RowResult:
     speedup: float
     speedup_repeats: list[float]
     tps_by_set: dict[str, float]
-    stages: list[StageSummary]
+    stages: list[StageStats]
     time_share: dict[str, float]
     agreement_prefix: float
     agreement_positional: float

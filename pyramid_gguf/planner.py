@@ -38,12 +38,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import click
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .config import KV_TYPES, LoadConfig
@@ -555,20 +554,3 @@ def resolve_budget(vram: str | None) -> int:
     if free is None:
         raise UserError("could not read free GPU memory from nvidia-smi; pass --vram SIZE")
     return free
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def vram_option(f: F) -> F:
-    """``--vram SIZE|auto``: plan ``n_gpu_layers`` per tier for this much VRAM (``params["vram"]``).
-
-    Default None: no planning, ``--n-gpu-layers`` applies unchanged.
-    """
-    return click.option(
-        "--vram",
-        metavar="SIZE|auto",
-        default=None,
-        help="Fit the ladder into this much GPU memory (e.g. 8GiB, 6GB, 512MiB; auto: free "
-        "memory per nvidia-smi); overrides --n-gpu-layers.",
-    )(f)

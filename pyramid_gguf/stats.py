@@ -28,6 +28,16 @@ class StageStats:
             self.histogram.extend([0] * (accepted + 1 - len(self.histogram)))
         self.histogram[accepted] += 1
 
+    def merge(self, other: StageStats) -> None:
+        """Add another generation's counts of the same stage."""
+        self.draft_n += other.draft_n
+        self.draft_n_accepted += other.draft_n_accepted
+        self.verifications += other.verifications
+        if len(self.histogram) < len(other.histogram):
+            self.histogram.extend([0] * (len(other.histogram) - len(self.histogram)))
+        for n, count in enumerate(other.histogram):
+            self.histogram[n] += count
+
     @property
     def acceptance_rate(self) -> float:
         return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0

@@ -69,7 +69,7 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen_draft_path() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct (PyPI chunk packages)."""
-    return _real("qwen2.5-coder-demo", "draft")
+    return _real("qwen2.5-coder-demo", "qualifier")
 
 
 @pytest.fixture(scope="session")

