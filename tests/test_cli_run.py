@@ -76,10 +76,19 @@ def test_prompt_from_stdin_and_file(tiny_target: Path, tmp_path: Path) -> None:
     assert out_file == out_stdin
 
 
-def test_chat_uses_the_gguf_template(tiny_target: Path, tiny_draft: Path) -> None:
-    code, out, err = invoke("run", "--target", str(tiny_target), "--chat", "-p", "hi", *FAST)
+def test_chat_template_is_applied_by_default_when_the_model_has_one(
+    tiny_target: Path, tiny_draft: Path
+) -> None:
+    code, chat, err = invoke("run", "--target", str(tiny_target), "--chat", "-p", "hi", *FAST)
     assert code == 0, err
-    assert out.strip()
+    assert chat.strip()
+    _, auto, _ = invoke("run", "--target", str(tiny_target), "-p", "hi", *FAST)
+    _, raw, _ = invoke("run", "--target", str(tiny_target), "--raw", "-p", "hi", *FAST)
+    assert auto == chat
+    assert raw != chat
+    # A model without a template: raw by default, a clear error when the template is demanded.
+    code, _, err = invoke("run", "--target", str(tiny_draft), "-p", "hi", *FAST)
+    assert code == 0, err
     code, _, err = invoke("run", "--target", str(tiny_draft), "--chat", "-p", "hi", *FAST)
     assert code == 1
     assert "has no chat template" in err

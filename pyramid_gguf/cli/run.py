@@ -53,9 +53,12 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     help="Read the prompt from a file.",
 )
 @click.option(
-    "--chat", is_flag=True, help="Wrap the prompt as a user message in the target's chat template."
+    "--chat/--raw",
+    default=None,
+    help="Send the prompt as a user message through the target GGUF's chat template, or as "
+    "raw text [default: chat when the target has a template].",
 )
-@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--system", default=None, help="System message (implies --chat).")
 @ladder_options
 @sampling_options
 @spec_options
@@ -70,7 +73,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 def run(
     prompt: str | None,
     prompt_file: Path | None,
-    chat: bool,
+    chat: bool | None,
     system: str | None,
     exact_rule: str | None,
     as_json: bool,
@@ -86,10 +89,12 @@ def run(
     """
     text = read_prompt(prompt, prompt_file)
     sampling = sampling_config_from(params)
-    if system is not None and not chat:
-        raise UserError("--system needs --chat")
+    if system is not None and chat is False:
+        raise UserError("--system needs the chat template; drop --raw")
     with load_pyramid(params) as pyramid:
         spec = pyramid.spec if exact_rule is None else pyramid.spec.with_(exact_rule=exact_rule)
+        if chat is None:
+            chat = system is not None or pyramid.target.chat_template() is not None
         if chat:
             messages = [{"role": "user", "content": text}]
             if system is not None:
@@ -122,6 +127,7 @@ def run(
             )
             return
         click.echo("")
+        sys.stdout.flush()
         click.echo(stats.summary(), err=True)
         if verbose:
             for s in stats.stages:
