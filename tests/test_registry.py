@@ -49,7 +49,9 @@ def test_package_data_is_the_repository_file() -> None:
 def test_default_preset_is_a_three_tier_pypi_ladder() -> None:
     preset = get_preset(DEFAULT_PRESET)
     assert set(preset.tiers) == set(TIERS)
-    assert preset.tiers["qualifier"].source == "derived"
+    assert preset.tiers["draft"].source == "derived"
+    assert preset.tiers["draft"].derived_from == "qualifier"
+    assert {preset.tiers[t].source for t in ("qualifier", "target")} == {"pypi"}
     assert preset.spec.mode == "psd-exact"
 
 
