@@ -76,3 +76,9 @@ def qwen_draft_path() -> Path:
 def qwen_target_path() -> Path:
     """Qwen2.5-Coder-1.5B-Instruct Q4_K_M (PyPI chunk packages)."""
     return _real("qwen2.5-coder-demo", "target")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma 3 270M Q4_K_M: sliding-window attention (PyPI chunk packages)."""
+    return _real("gemma3-270m", "target")

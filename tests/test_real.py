@@ -136,3 +136,38 @@ def test_default_preset_answers_and_is_lossless_end_to_end() -> None:
     assert stats["mode"] == "psd-exact"
     assert [s["name"] for s in stats["stages"]] == ["draft->qualifier", "qualifier->target"]
     assert pyramid["text"] and pyramid["text"] == target["text"]
+
+
+def test_sliding_window_rollback_restores_exact_state(gemma_path: Path) -> None:
+    """Gemma 3's 512-token window: plain suffix removal is not trusted (it gives wrong logits
+    once the window has moved); saved states make rollback exact. ``fresh`` evaluates the same
+    prefix in the same batch split, so the logits must be bit-identical."""
+    import numpy as np
+
+    from pyramid_gguf.native import NativeModel
+
+    load = LoadConfig(n_ctx=1024, n_batch=256, n_threads=2, n_threads_batch=2)
+    seq = [int(t) for t in np.random.default_rng(0).integers(10, 20000, size=700)]
+    with NativeModel(gemma_path, load) as m, NativeModel(gemma_path, load) as fresh:
+        assert m.snapshot_reason == "sliding-window"
+        m.eval(seq)
+        for cut in (690, 600, 560, 520):
+            m.rollback(cut)
+            assert m.tokens == seq[:cut]
+            got = m.eval(seq[cut : cut + 5], [-1])[0]
+            fresh.reset()
+            fresh.eval(seq[:cut])
+            np.testing.assert_array_equal(got, fresh.eval(seq[cut : cut + 5], [-1])[0])
+            m.eval(seq[cut + 5 :])
+
+
+def test_sliding_window_model_speculates_losslessly(gemma_path: Path) -> None:
+    """n-gram drafting past the window: rollbacks through saved states keep sd exact."""
+    text = "def add(a, b):\n    return a + b\n\n" * 40 + "def sub(a, b):\n"
+    with Pyramid.from_paths(gemma_path, draft="ngram", load=LOAD) as p:
+        prompt = p.tokenize(text)
+        assert len(prompt) > 512
+        want = p.generate(prompt, GREEDY, SpecConfig(mode="target"))
+        got = p.generate(prompt, GREEDY, SpecConfig(mode="sd", l_d=4))
+    assert got.token_ids == want.token_ids
+    assert got.stats.stages[0].draft_n_accepted > 0
