@@ -140,16 +140,20 @@ def test_no_kv_drift_after_many_rounds(pyramid: Pyramid, tiny_target: Path) -> N
 
 
 def test_eos_inside_a_block_ends_generation(pyramid: Pyramid) -> None:
-    """With EOS honoured, generation stops at the target's EOS exactly as target mode does."""
-    s = SamplingConfig(temperature=1.5, seed=0, max_tokens=200)
-    for seed in range(20):
-        ref = pyramid.generate(PROMPTS[2], s.with_(seed=seed), SpecConfig(mode="target"))
-        if ref.finish_reason == "stop":
-            break
-    else:
-        pytest.skip("no EOS sampled")
-    eos = pyramid.target.eos
-    assert eos not in ref.token_ids
+    """Hot sampling makes EOS likely inside accepted blocks: generation ends right there."""
+    s = SamplingConfig(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=60)
+    spec = SpecConfig(mode="psd-exact", l_d=4, l_q=8)
+    finishes = set()
+    for seed in range(40):
+        got = pyramid.generate(PROMPTS[2], s.with_(seed=seed), spec)
+        finishes.add(got.finish_reason)
+        assert not any(pyramid.target.is_eog(t) for t in got.token_ids)
+        assert got.stats.generated_tokens == len(got.token_ids)
+        if got.finish_reason == "length":
+            assert len(got.token_ids) == s.max_tokens
+        else:
+            assert got.finish_reason == "stop" and len(got.token_ids) < s.max_tokens
+    assert finishes == {"stop", "length"}
 
 
 def test_stop_string_truncates_text(pyramid: Pyramid) -> None:

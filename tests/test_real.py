@@ -171,3 +171,22 @@ def test_sliding_window_model_speculates_losslessly(gemma_path: Path) -> None:
         got = p.generate(prompt, GREEDY, SpecConfig(mode="sd", l_d=4))
     assert got.token_ids == want.token_ids
     assert got.stats.stages[0].draft_n_accepted > 0
+
+
+def test_end_of_generation_inside_a_block_ends_every_mode_alike(
+    qwen: Pyramid, qwen_ngram: Pyramid
+) -> None:
+    """A short chat answer ends with <|im_end|> inside an accepted block: every lossless mode
+    stops at that token, with the same text as target decoding and finish reason ``stop``."""
+    tokens = qwen.chat_tokens([{"role": "user", "content": "Reply with just the word: hello"}])
+    sampling = GREEDY.with_(max_tokens=48)
+    want = qwen.generate(tokens, sampling, SpecConfig(mode="target"))
+    assert want.finish_reason == "stop"
+    runs = [
+        qwen.generate(tokens, sampling, SpecConfig(mode="sd", l_d=6)),
+        qwen_ngram.generate(tokens, sampling, SpecConfig(mode="psd-exact", l_d=4, l_q=6)),
+    ]
+    for got in runs:
+        assert got.finish_reason == "stop"
+        assert got.token_ids == want.token_ids
+        assert not any(qwen.target.is_eog(t) for t in got.token_ids)
