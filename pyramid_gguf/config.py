@@ -71,7 +71,6 @@ class LoadConfig:
     flash_attn: bool | None = None
     type_k: KvType = "f16"
     type_v: KvType = "f16"
-    seed: int = 0
     #: Largest micro-batch of a generation-time evaluation (verification, drafting); 0: no
     #: limit. llama.cpp's CPU backend switches matrix kernels at 8 tokens (CUDA too, MMVQ ->
     #: MMQ) and the two round differently (up to ~0.7 logits on a Q4_K_M 1.5B), so a
@@ -89,7 +88,7 @@ class LoadConfig:
         if self.n_ctx < 16:
             raise UserError(f"--ctx-size must be at least 16, got {self.n_ctx}")
         if self.verify_batch < 0:
-            raise UserError(f"verify_batch must be >= 0, got {self.verify_batch}")
+            raise UserError(f"--verify-batch must be >= 0, got {self.verify_batch}")
         if self.n_batch < 1:
             raise UserError(f"--batch-size must be positive, got {self.n_batch}")
         if self.n_threads < 1 or self.n_threads_batch < 1:

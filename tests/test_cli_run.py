@@ -111,6 +111,7 @@ def test_chat_template_is_applied_by_default_when_the_model_has_one(
         (["--draft", "{target}", "-p", "x"], "--target is required"),
         (["--target", "{target}", "-p", "x", "-f", "{notgguf}"], "not both"),
         (["--target", "{target}", "-p", "x", "--vram", "lots"], "bad size"),
+        (["--target", "{target}", "-p", "x", "--verify-batch", "-1"], "--verify-batch must be"),
     ],
 )
 def test_bad_input_is_one_line_error(

@@ -113,6 +113,15 @@ def ladder_options(f: F) -> F:
                 help="KV cache type for V.",
             ),
             click.option(
+                "--verify-batch",
+                type=int,
+                default=7,
+                show_default=True,
+                help="Largest micro-batch while generating; 7 keeps lossless modes "
+                "token-identical to target decoding (llama.cpp switches kernels at 8), "
+                "0 = one llama_decode per verification (faster on GPUs).",
+            ),
+            click.option(
                 "--vram",
                 metavar="SIZE|auto",
                 default=None,
@@ -236,6 +245,7 @@ def load_config_from(params: dict[str, Any]) -> LoadConfig:
         flash_attn=params["flash_attn"],
         type_k=params["type_k"],
         type_v=params["type_v"],
+        verify_batch=params.get("verify_batch", 7),
     )
 
 
