@@ -3,5 +3,5 @@
 # llama-cpp-python compiles from source the first time (several minutes); pip caches the wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --disable-pip-version-check -q -e '.[dev]'
+python3 -m pip install --disable-pip-version-check -q -c scripts/constraints.txt -e '.[dev]'
 python3 -m pytest "$@"
