@@ -35,6 +35,43 @@ def _apply(options: list[Callable[[F], F]], f: F) -> F:
     return f
 
 
+#: Single options shared with commands that take paths but not a whole ladder (``plan``).
+ctx_size_option = click.option(
+    "--ctx-size",
+    "-c",
+    "n_ctx",
+    type=int,
+    default=4096,
+    show_default=True,
+    help="Context window of each model, in tokens.",
+)
+batch_size_option = click.option(
+    "--batch-size",
+    "-b",
+    "n_batch",
+    type=int,
+    default=512,
+    show_default=True,
+    help="Largest llama_decode batch.",
+)
+cache_type_k_option = click.option(
+    "--cache-type-k",
+    "type_k",
+    type=click.Choice(KV_TYPES),
+    default="f16",
+    show_default=True,
+    help="KV cache type for K.",
+)
+cache_type_v_option = click.option(
+    "--cache-type-v",
+    "type_v",
+    type=click.Choice(KV_TYPES),
+    default="f16",
+    show_default=True,
+    help="KV cache type for V.",
+)
+
+
 def ladder_options(f: F) -> F:
     """``--draft/--qualifier/--target/--preset`` and how each model is loaded."""
     return _apply(
@@ -55,24 +92,8 @@ def ladder_options(f: F) -> F:
                 metavar="NAME",
                 help="A ladder from models.toml (fetched if missing); the default without models.",
             ),
-            click.option(
-                "--ctx-size",
-                "-c",
-                "n_ctx",
-                type=int,
-                default=4096,
-                show_default=True,
-                help="Context window of each model, in tokens.",
-            ),
-            click.option(
-                "--batch-size",
-                "-b",
-                "n_batch",
-                type=int,
-                default=512,
-                show_default=True,
-                help="Largest llama_decode batch.",
-            ),
+            ctx_size_option,
+            batch_size_option,
             click.option(
                 "--n-gpu-layers",
                 "-ngl",
@@ -96,22 +117,8 @@ def ladder_options(f: F) -> F:
                 default=None,
                 help="Force flash attention on or off (default: llama.cpp decides).",
             ),
-            click.option(
-                "--cache-type-k",
-                "type_k",
-                type=click.Choice(KV_TYPES),
-                default="f16",
-                show_default=True,
-                help="KV cache type for K.",
-            ),
-            click.option(
-                "--cache-type-v",
-                "type_v",
-                type=click.Choice(KV_TYPES),
-                default="f16",
-                show_default=True,
-                help="KV cache type for V.",
-            ),
+            cache_type_k_option,
+            cache_type_v_option,
             click.option(
                 "--verify-batch",
                 type=int,

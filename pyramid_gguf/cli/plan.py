@@ -9,7 +9,6 @@ import json
 
 import click
 
-from ..config import KV_TYPES
 from ..planner import (
     Plan,
     apply_plan,
@@ -17,6 +16,12 @@ from ..planner import (
     parse_size,
     plan_ladder,
     resolve_budget,
+)
+from .options import (
+    batch_size_option,
+    cache_type_k_option,
+    cache_type_v_option,
+    ctx_size_option,
 )
 
 __all__ = ["apply_plan", "format_plan", "plan"]
@@ -67,40 +72,10 @@ def format_plan(p: Plan) -> str:
     show_default=True,
     help="GPU memory budget, e.g. 8GiB, 6GB, 512MiB (auto: free memory per nvidia-smi).",
 )
-@click.option(
-    "--ctx-size",
-    "-c",
-    "n_ctx",
-    type=int,
-    default=4096,
-    show_default=True,
-    help="Context window of each model, in tokens.",
-)
-@click.option(
-    "--batch-size",
-    "-b",
-    "n_batch",
-    type=int,
-    default=512,
-    show_default=True,
-    help="Largest llama_decode batch (sizes the compute buffers).",
-)
-@click.option(
-    "--cache-type-k",
-    "type_k",
-    type=click.Choice(KV_TYPES),
-    default="f16",
-    show_default=True,
-    help="KV cache type for K.",
-)
-@click.option(
-    "--cache-type-v",
-    "type_v",
-    type=click.Choice(KV_TYPES),
-    default="f16",
-    show_default=True,
-    help="KV cache type for V.",
-)
+@ctx_size_option
+@batch_size_option
+@cache_type_k_option
+@cache_type_v_option
 @click.option(
     "--kv-quant",
     type=click.Choice(["off", "auto"]),
