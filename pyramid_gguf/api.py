@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import LoadConfig, SamplingConfig, SpecConfig, default_mode
-from .engine import NGRAM, Ladder, decode
+from .engine import NGRAM, Ladder, check_mode, decode
 from .errors import UserError
 from .native import NativeModel, check_gguf_path, format_chat
 from .sampling import make_rng
@@ -107,7 +107,7 @@ class Pyramid:
         ladder = Ladder(tiers["target"], tiers.get("qualifier"), draft_tier)
         if spec is None:
             spec = SpecConfig(mode=default_mode(ladder.n_tiers))
-        _check_mode(spec, ladder)
+        check_mode(spec, ladder)
         return cls(ladder, spec, name or Path(target).stem)
 
     @classmethod
@@ -194,7 +194,7 @@ class Pyramid:
         """
         sampling = sampling or SamplingConfig()
         spec = spec or self.spec
-        _check_mode(spec, self.ladder)
+        check_mode(spec, self.ladder)
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         stats = GenerationStats(mode=spec.mode)
         text = TextStream(sampling.stop)
@@ -310,11 +310,3 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
         "mode": stats.mode,
         "stages": [s.to_dict() for s in stats.stages],
     }
-
-
-def _check_mode(spec: SpecConfig, ladder: Ladder) -> None:
-    """A one-line error when the mode needs a tier the ladder lacks."""
-    if spec.n_tiers >= 2 and ladder.draft is None:
-        raise UserError(f"mode {spec.mode} needs a draft model (--draft GGUF or --draft ngram)")
-    if spec.n_tiers == 3 and ladder.qualifier is None:
-        raise UserError(f"mode {spec.mode} needs a qualifier model (--qualifier GGUF)")

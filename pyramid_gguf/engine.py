@@ -67,6 +67,14 @@ def _rule(fuzzy: bool, tau: float, spec: SpecConfig) -> StageRule:
     return StageRule(spec.exact_rule)
 
 
+def check_mode(spec: SpecConfig, ladder: Ladder) -> None:
+    """A one-line :class:`UserError` when ``spec.mode`` needs a tier the ladder lacks."""
+    if spec.n_tiers >= 2 and ladder.draft is None:
+        raise UserError(f"mode {spec.mode} needs a draft model (--draft GGUF or --draft ngram)")
+    if spec.n_tiers == 3 and ladder.qualifier is None:
+        raise UserError(f"mode {spec.mode} needs a qualifier model (--qualifier GGUF)")
+
+
 def build_chain(
     ladder: Ladder,
     spec: SpecConfig,
@@ -75,10 +83,9 @@ def build_chain(
     stats: GenerationStats,
 ) -> Chain:
     """The proposer chain of ``spec.mode`` over ``ladder`` (UserError if a tier is missing)."""
+    check_mode(spec, ladder)
     if spec.mode == "target":
         return Chain(None, StageRule(), 1, "target")
-    if ladder.draft is None:
-        raise UserError(f"mode {spec.mode} needs a draft model (--draft GGUF or --draft ngram)")
     bottom: Proposer
     if ladder.draft == NGRAM:
         bottom = NGramProposer(spec.l_d)
@@ -88,8 +95,7 @@ def build_chain(
     if spec.n_tiers == 2:
         rule = _rule(spec.top_fuzzy, spec.tau_t, spec)
         return Chain(bottom, rule, spec.l_d, f"{bottom.name}->target")
-    if ladder.qualifier is None:
-        raise UserError(f"mode {spec.mode} needs a qualifier model (--qualifier GGUF)")
+    assert ladder.qualifier is not None
     stage1 = stats.stage(f"{bottom.name}->qualifier")
     qualified = QualifiedProposer(
         bottom,

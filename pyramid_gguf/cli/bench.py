@@ -204,7 +204,8 @@ def bench(**params: Any) -> None:
         raise UserError(f"--repeats must be at least 1, got {params['repeats']}")
     if params["humaneval_n"] < 0:
         raise UserError("--humaneval must be >= 0")
-    paths, ladder_spec, name = resolve_ladder(params)
+    resolved = resolve_ladder(params)
+    paths, ladder_spec, name = resolved
     allowed = available_modes(
         0, paths["draft"] is not None, paths["draft"] is not None and paths["qualifier"] is not None
     )
@@ -220,7 +221,7 @@ def bench(**params: Any) -> None:
     if params["plot_path"]:
         import matplotlib  # noqa: F401  (fail before the long run if it is missing)
 
-    with load_pyramid(params, spec=SpecConfig(mode="target")) as pyramid:
+    with load_pyramid(params, spec=SpecConfig(mode="target"), resolved=resolved) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
         with bar:
@@ -332,8 +333,9 @@ def tune(**params: Any) -> None:
     prompts = _prompts(params)
     if params["limit"] is None and not params["prompt_file"]:
         prompts = _limit(prompts, 1)
-    paths, ladder_spec, _ = resolve_ladder(params)
-    with load_pyramid(params, spec=SpecConfig(mode="target")) as pyramid:
+    resolved = resolve_ladder(params)
+    paths, ladder_spec, _ = resolved
+    with load_pyramid(params, spec=SpecConfig(mode="target"), resolved=resolved) as pyramid:
         pyramid.spec = ladder_spec.with_(mode="target")
         result = run_tune(
             pyramid,

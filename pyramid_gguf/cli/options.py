@@ -279,7 +279,10 @@ def spec_config_from(params: dict[str, Any], base: SpecConfig) -> SpecConfig:
     return base.with_(**changes) if changes else base
 
 
-def resolve_ladder(params: dict[str, Any]) -> tuple[dict[str, Any], SpecConfig, str]:
+Resolved = tuple[dict[str, Any], SpecConfig, str]
+
+
+def resolve_ladder(params: dict[str, Any]) -> Resolved:
     """``({"target", "qualifier", "draft"}, base spec, name)`` from the ladder flags.
 
     ``--preset`` (or the default preset when no model is given) is fetched if missing. The base
@@ -308,11 +311,14 @@ def resolve_ladder(params: dict[str, Any]) -> tuple[dict[str, Any], SpecConfig, 
     return paths, load_tuned(paths) or base, name
 
 
-def load_pyramid(params: dict[str, Any], *, spec: SpecConfig | None = None) -> Pyramid:
+def load_pyramid(
+    params: dict[str, Any], *, spec: SpecConfig | None = None, resolved: Resolved | None = None
+) -> Pyramid:
     """Load the ladder of the flags of :func:`ladder_options`; ``spec`` defaults to the
-    ladder's base spec with the flags of :func:`spec_options` applied.
+    ladder's base spec with the flags of :func:`spec_options` applied. ``resolved``: what
+    :func:`resolve_ladder` already returned for these flags (not resolved again).
     """
-    paths, base, name = resolve_ladder(params)
+    paths, base, name = resolved or resolve_ladder(params)
     load = load_config_from(params)
     return Pyramid.from_paths(
         paths["target"],
