@@ -15,15 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .errors import UserError
+from .modes import MODE_NAMES, Mode, ModeInfo, mode_info
 
-Mode = Literal["target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]
 Divergence = Literal["js", "kl", "tv"]
 FuzzyVariant = Literal["reducible", "pure"]
 ExactRule = Literal["exact", "greedy-match"]
 KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
-MODES: tuple[Mode, ...] = ("target", "sd", "fsd", "psd-exact", "psd-a", "psd-f")
-LOSSLESS_MODES: frozenset[str] = frozenset({"target", "sd", "psd-exact"})
 DIVERGENCES: tuple[Divergence, ...] = ("js", "kl", "tv")
 FUZZY_VARIANTS: tuple[FuzzyVariant, ...] = ("reducible", "pure")
 EXACT_RULES: tuple[ExactRule, ...] = ("exact", "greedy-match")
@@ -38,16 +36,6 @@ KV_TYPES: tuple[KvType, ...] = (
     "q5_1",
     "iq4_nl",
 )
-
-#: How many tiers each mode needs (bottom proposer included).
-MODE_TIERS: dict[str, int] = {
-    "target": 1,
-    "sd": 2,
-    "fsd": 2,
-    "psd-exact": 3,
-    "psd-a": 3,
-    "psd-f": 3,
-}
 
 
 def default_threads() -> int:
@@ -130,10 +118,6 @@ class SamplingConfig:
         if any(not s for s in self.stop):
             raise UserError("stop strings must not be empty")
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
     def with_(self, **changes: object) -> SamplingConfig:
         """A copy with some fields replaced (validated again)."""
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -141,7 +125,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """Decoding mode and speculative knobs (ALGORITHMS.md).
+    """Decoding mode and speculative knobs (docs/ALGORITHMS.md; :data:`SPEC_KNOBS` lists them).
 
     ``l_d``: tokens the bottom proposer drafts per stage-1 verification.
     ``l_q``: tokens the qualifier buffers before the target verifies (three tiers only).
@@ -167,8 +151,7 @@ class SpecConfig:
             raise UserError(
                 f"unknown exact rule {self.exact_rule!r}; valid: {', '.join(EXACT_RULES)}"
             )
-        if self.mode not in MODES:
-            raise UserError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        mode_info(self.mode)
         if self.divergence not in DIVERGENCES:
             raise UserError(
                 f"unknown divergence {self.divergence!r}; valid: {', '.join(DIVERGENCES)}"
@@ -185,22 +168,13 @@ class SpecConfig:
             raise UserError(f"--p-min must be in [0, 1), got {self.p_min}")
 
     @property
-    def n_tiers(self) -> int:
-        return MODE_TIERS[self.mode]
+    def info(self) -> ModeInfo:
+        """The mode's row of the mode table (tiers needed, rules, losslessness, knobs)."""
+        return mode_info(self.mode)
 
     @property
     def lossless(self) -> bool:
-        return self.mode in LOSSLESS_MODES
-
-    @property
-    def stage1_fuzzy(self) -> bool:
-        """Whether the draft -> qualifier stage uses the fuzzy rule."""
-        return self.mode == "psd-f"
-
-    @property
-    def top_fuzzy(self) -> bool:
-        """Whether the stage that ends at the target uses the fuzzy rule."""
-        return self.mode in ("fsd", "psd-a", "psd-f")
+        return self.info.lossless
 
     def with_(self, **changes: object) -> SpecConfig:
         """A copy with some fields replaced (validated again)."""
@@ -210,3 +184,59 @@ class SpecConfig:
 def default_mode(n_tiers: int) -> Mode:
     """Lossless default for a ladder of ``n_tiers`` models: target, sd, psd-exact."""
     return {1: "target", 2: "sd"}.get(n_tiers, "psd-exact")  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One :class:`SpecConfig` field as users set it: flag, type, choices and help.
+
+    The CLI, the server's request fields, ``bench --sweep``, ``models.toml`` presets and
+    ``tune`` all read this list, so a knob is declared once.
+    """
+
+    name: str
+    type: type
+    help: str
+    #: Other spellings accepted in request bodies and presets (``l_D`` for ``l_d``).
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: object, where: str) -> object:
+        """``value`` if it has this knob's type (ints pass as floats), else a :class:`UserError`."""
+        if isinstance(value, bool) or not isinstance(value, (self.type, int)):
+            raise UserError(f"{where}: expected {self.type.__name__}, got {value!r}")
+        if isinstance(value, int) and self.type is not int:
+            if self.type is not float:
+                raise UserError(f"{where}: expected {self.type.__name__}, got {value!r}")
+            value = float(value)
+        if self.choices and value not in self.choices:
+            raise UserError(f"{where}: {value!r} is not one of {', '.join(self.choices)}")
+        return value
+
+    def from_text(self, text: str, where: str) -> object:
+        """A value typed on a command line (``--sweep l_d=2,4``)."""
+        try:
+            value = self.type(text.strip())
+        except ValueError:
+            raise UserError(
+                f"{where}: {text.strip()!r} is not a valid {self.type.__name__}"
+            ) from None
+        return self.check(value, where)
+
+
+SPEC_KNOBS: tuple[Knob, ...] = (
+    Knob("mode", str, "Decoding mode.", choices=MODE_NAMES),
+    Knob("l_d", int, "Tokens the draft proposes per check.", aliases=("l_D",)),
+    Knob("l_q", int, "Qualified tokens per target check.", aliases=("l_Q",)),
+    Knob("tau_q", float, "Fuzzy threshold of the draft->qualifier stage.", aliases=("tau_Q",)),
+    Knob("tau_t", float, "Fuzzy threshold of the stage into the target.", aliases=("tau_T",)),
+    Knob("divergence", str, "Fuzzy divergence.", choices=DIVERGENCES),
+    Knob("fuzzy_variant", str, "reducible or pure (the FSD paper).", choices=FUZZY_VARIANTS),
+    Knob("p_min", float, "Stop drafting when the draft's top probability falls under this."),
+    Knob("exact_rule", str, "Rule of the lossless stages.", choices=EXACT_RULES),
+)
+KNOBS: dict[str, Knob] = {k.name: k for k in SPEC_KNOBS}

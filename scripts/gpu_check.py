@@ -6,7 +6,7 @@ Run on a machine with a CUDA build of llama-cpp-python (builds nothing)::
 
 It writes random-weight f16 GGUF ladders shaped like Llama 3.2 1B / 3B and Llama 3.1 8B
 (128k vocabulary; 1B and 3B with tied embeddings, as the real ones) with
-:mod:`pyramid_gguf.synth`, quantizes them to Q4_K_M with llama.cpp, plans each budget, loads
+``tests/synth.py``, quantizes them to Q4_K_M with llama.cpp, plans each budget, loads
 every tier with the planned ``n_gpu_layers`` and records llama.cpp's own log lines
 (``offloaded k/n layers``, ``CUDA0 model/KV/compute buffer size``) next to the plan's
 predictions in ``<out>/report.json``. ``--layers-scale 0.25`` keeps a quarter of the blocks
@@ -27,8 +27,12 @@ from typing import Any
 
 from pyramid_gguf import native
 from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.planner import model_memory, parse_size, plan_ladder
-from pyramid_gguf.synth import TinySpec, tiny_vocab, write_tiny_llama
+from pyramid_gguf.ladder import LadderPaths
+from pyramid_gguf.models.memory import model_memory, parse_size
+from pyramid_gguf.models.planner import plan_ladder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from synth import TinySpec, tiny_vocab, write_tiny_llama
 
 N_VOCAB = 128256
 SHAPES = {  # n_embd, n_layer, n_head, n_head_kv, n_ff, tied, seed
@@ -100,17 +104,13 @@ def main() -> None:
         models[n] = {"path": str(p), "weight_bytes": mm.weight_bytes, "n_layer": mm.n_layer}
     report: dict[str, Any] = {"models": models, "runs": []}
     for budget in args.budgets.split(","):
-        plan = plan_ladder(
-            parse_size(budget),
-            draft=tiers.get("draft"),
-            qualifier=tiers.get("qualifier"),
-            target=tiers["target"],
-            n_ctx=args.ctx_size,
-            kv_quant="auto",
-        )
+        paths = LadderPaths(tiers["target"], tiers.get("qualifier"), tiers.get("draft"))
+        load = LoadConfig(n_ctx=args.ctx_size)
+        plan = plan_ladder(parse_size(budget), paths, load, kv_quant="auto")
+        kv = plan.load.type_k
         for tp in plan.tiers:
-            lines = load_and_capture(Path(tp.path), tp.n_gpu_layers, args.ctx_size, plan.type_k)
-            run = {"budget": budget, "plan": tp.to_dict(), "type_k": plan.type_k, "llama": lines}
+            lines = load_and_capture(Path(tp.path), tp.n_gpu_layers, args.ctx_size, kv)
+            run = {"budget": budget, "plan": tp.to_dict(), "type_k": kv, "llama": lines}
             report["runs"].append(run)
             print(json.dumps(run, indent=1), flush=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=2))

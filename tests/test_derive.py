@@ -7,10 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from synth import TinySpec, write_tiny_llama
 
 from pyramid_gguf.cli.models import derive as derive_cmd
 from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.derive import (
+from pyramid_gguf.errors import UserError
+from pyramid_gguf.models.derive import (
     KEY_DERIVED_FROM,
     KEY_KEEP_LAYERS,
     KEY_QUANTIZE,
@@ -20,9 +22,7 @@ from pyramid_gguf.derive import (
     requantize,
     skip_every,
 )
-from pyramid_gguf.errors import UserError
 from pyramid_gguf.native import NativeModel
-from pyramid_gguf.synth import TinySpec, write_tiny_llama
 
 CFG = LoadConfig(n_ctx=128, n_batch=128, n_threads=2, n_threads_batch=2)
 
@@ -30,7 +30,7 @@ CFG = LoadConfig(n_ctx=128, n_batch=128, n_threads=2, n_threads_batch=2)
 def logits(path: Path, text: str = "the model of the tree") -> tuple[np.ndarray, NativeModel]:
     """Last-position logits, feeding one token per decode."""
     m = NativeModel(path, CFG)
-    rows = [m.eval([t], [-1])[0] for t in m.tokenize(text)]
+    rows = [m.eval([t], [-1])[0] for t in m.vocab.tokenize(text)]
     return rows[-1], m
 
 
@@ -55,8 +55,8 @@ def test_keep_layers_tiny(tiny: Path, tmp_path: Path) -> None:
     full, src = logits(tiny)
     cut, dst = logits(out)
     assert dst.n_layer == 3 and dst.n_vocab == src.n_vocab
-    vocab = [src.token_text(i) for i in range(src.n_vocab)]
-    assert [dst.token_text(i) for i in range(dst.n_vocab)] == vocab
+    vocab = [src.vocab.token_text(i) for i in range(src.n_vocab)]
+    assert [dst.vocab.token_text(i) for i in range(dst.n_vocab)] == vocab
     assert dst.metadata()[KEY_KEEP_LAYERS] == "0-1,3"
     assert dst.metadata()[KEY_DERIVED_FROM].startswith("tiny.gguf sha256:")
     assert not np.allclose(full, cut)
@@ -79,9 +79,10 @@ def test_derive_cli(tiny: Path, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert NativeModel(tmp_path / "e.gguf", CFG).n_layer == 3  # layers 0, 2, 3
     r = runner.invoke(derive_cmd, [str(tiny), "-o", str(tmp_path / "x.gguf"), "--quantize", "Q9"])
-    assert isinstance(r.exception, UserError) and "valid:" in str(r.exception)
+    assert r.exit_code == 1 and "Error: unknown quantization type" in r.output
+    assert "valid:" in r.output and "Traceback" not in r.output
     r = runner.invoke(derive_cmd, [str(tiny), "-o", str(tmp_path / "x.gguf")])
-    assert isinstance(r.exception, UserError)
+    assert r.exit_code == 1 and "give exactly one of" in r.output
     assert not (tmp_path / "x.gguf").exists()
 
 

@@ -11,9 +11,9 @@ from test_acceptance import chi_square_pvalue
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.config import LoadConfig
+from pyramid_gguf.decoding.sampling import warp
 from pyramid_gguf.errors import ContextOverflow, UserError
 from pyramid_gguf.native import NativeModel
-from pyramid_gguf.sampling import warp
 
 PROMPTS = [
     "the model of the tree",
@@ -147,7 +147,7 @@ def test_eos_inside_a_block_ends_generation(pyramid: Pyramid) -> None:
     for seed in range(40):
         got = pyramid.generate(PROMPTS[2], s.with_(seed=seed), spec)
         finishes.add(got.finish_reason)
-        assert not any(pyramid.target.is_eog(t) for t in got.token_ids)
+        assert not any(pyramid.is_eog(t) for t in got.token_ids)
         assert got.stats.generated_tokens == len(got.token_ids)
         if got.finish_reason == "length":
             assert len(got.token_ids) == s.max_tokens

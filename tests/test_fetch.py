@@ -12,8 +12,8 @@ import pytest
 from hub_server import HubServer, hf_tier_toml, make_chunk_wheels
 
 from pyramid_gguf.errors import UserError
-from pyramid_gguf.fetch import assemble_pypi
-from pyramid_gguf.registry import parse_registry
+from pyramid_gguf.models.fetch import assemble_pypi
+from pyramid_gguf.models.registry import parse_registry
 
 REPO = "tester/tiny-GGUF"
 PAYLOAD = b"GGUF" + bytes(range(256)) * 4096  # ~1 MB
@@ -22,9 +22,9 @@ SHA = hashlib.sha256(PAYLOAD).hexdigest()
 _PULL = """
 import sys
 from pyramid_gguf.errors import UserError
-from pyramid_gguf.presets import pull_preset
+from pyramid_gguf.models.presets import pull_preset
 try:
-    print(pull_preset(sys.argv[1]).target)
+    print(pull_preset(sys.argv[1]).paths.target)
 except UserError as e:
     print(f"Error: {e}", file=sys.stderr)
     sys.exit(1)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from pyramid_gguf import humaneval
-from pyramid_gguf.humaneval import check, pass_at_1, truncate
+from pyramid_gguf.bench import humaneval
+from pyramid_gguf.bench.humaneval import check, pass_at_1, truncate
 
 PROBLEM = {
     "task_id": "Test/0",

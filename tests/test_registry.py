@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from pyramid_gguf.errors import UserError
-from pyramid_gguf.presets import DEFAULT_PRESET, describe, preset_names, resolve_preset
-from pyramid_gguf.registry import TIERS, get_preset, load_registry, parse_registry, registry_text
+from pyramid_gguf.models.presets import DEFAULT_PRESET, describe, preset_names, resolve_preset
+from pyramid_gguf.models.registry import (
+    TIERS,
+    get_preset,
+    load_registry,
+    parse_registry,
+    registry_text,
+)
 
 GOOD = """
 [presets.p]
@@ -33,7 +39,7 @@ def test_every_shipped_preset_is_valid() -> None:
     assert {"llama3-1b-3b-8b", "qwen2.5-0.5b-1.5b-3b", "qwen2.5-1.5b-3b-7b"} <= set(presets)
     for preset in presets.values():
         assert "target" in preset.tiers
-        assert preset.spec.n_tiers <= len(preset.tiers)
+        assert preset.spec.info.n_tiers <= len(preset.tiers)
         for tier in preset.tiers.values():
             assert tier.file.endswith(".gguf")
             if tier.source == "pypi":
@@ -101,7 +107,7 @@ def test_resolve_uses_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         (tmp_path / "models").mkdir(exist_ok=True)
         (tmp_path / "models" / tier.file).write_bytes(b"GGUF")
     ladder = resolve_preset("smollm2-selfspec", fetch=False)
-    assert ladder.qualifier is None and ladder.draft is not None
-    assert ladder.target.name == preset.tiers["target"].file and ladder.spec.mode == "sd"
+    assert ladder.paths.qualifier is None and ladder.paths.draft is not None
+    assert ladder.paths.target.name == preset.tiers["target"].file and ladder.spec.mode == "sd"
     info = describe(preset)
     assert all(t["present"] for t in info["tiers"].values())

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pyramid_gguf.config import SamplingConfig
+from pyramid_gguf.decoding.sampling import sample, softmax, warp
 from pyramid_gguf.errors import UserError
-from pyramid_gguf.sampling import sample, softmax, warp
 
 
 def cfg(**kw: object) -> SamplingConfig:

@@ -25,12 +25,13 @@ import pytest
 import uvicorn
 from click.testing import CliRunner
 from openai.types.chat import ChatCompletionMessageParam
+from synth import CHATML_TEMPLATE, write_tiny_llama
 
-from pyramid_gguf.api import Pyramid
 from pyramid_gguf.cli.main import main
 from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.server import ServerSettings, create_app, resolve_chat_format
-from pyramid_gguf.synth import CHATML_TEMPLATE, write_tiny_llama
+from pyramid_gguf.serving.api import Pyramid
+from pyramid_gguf.serving.app import create_app
+from pyramid_gguf.serving.settings import ServerSettings, resolve_chat_format
 
 API_KEY = "sk-test"
 LOAD = LoadConfig(n_ctx=1024, n_batch=256, n_threads=1, n_threads_batch=1)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from bench_fixtures import PROMPTS, load_ladder, write_ladder
 from click.testing import CliRunner
 
-from pyramid_gguf.cli.main import main
-from pyramid_gguf.config import SamplingConfig, SpecConfig
-from pyramid_gguf.tune import (
+from pyramid_gguf.bench.tune import (
     TuneResult,
     candidates,
     ladder_key,
@@ -20,10 +19,13 @@ from pyramid_gguf.tune import (
     tune,
     tuned_path,
 )
+from pyramid_gguf.cli.main import main
+from pyramid_gguf.config import SamplingConfig, SpecConfig
+from pyramid_gguf.ladder import NGRAM, LadderPaths
 
 
 @pytest.fixture(scope="module")
-def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> LadderPaths:
     return write_ladder(tmp_path_factory.mktemp("tune-ladder"))
 
 
@@ -34,10 +36,11 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("drop", [0.0, 0.5])
-def test_tune_never_slower_than_target(ladder_paths: dict[str, Path], drop: float) -> None:
+def test_tune_never_slower_than_target(ladder_paths: LadderPaths, drop: float) -> None:
     with load_ladder(ladder_paths) as p:
         r = tune(
             p,
+            SpecConfig(mode="target"),
             ladder_paths,
             PROMPTS,
             SamplingConfig(temperature=0, max_tokens=10),
@@ -57,16 +60,16 @@ def test_tune_never_slower_than_target(ladder_paths: dict[str, Path], drop: floa
     assert load_tuned(ladder_paths) == r.spec
 
 
-def test_load_tuned_round_trip(ladder_paths: dict[str, Path], home: Path) -> None:
+def test_load_tuned_round_trip(ladder_paths: LadderPaths, home: Path) -> None:
     assert load_tuned(ladder_paths) is None
     spec = SpecConfig(mode="sd", l_d=6, p_min=0.2)
     result = TuneResult(spec, False, 1.3, 13.0, 10.0, 0.0, 0.0, ladder_key(ladder_paths))
     path = save_tuned(result, ladder_paths)
     assert path.parent == home / "tuned"
     assert load_tuned(ladder_paths) == spec
-    assert load_tuned({**ladder_paths, "draft": "ngram"}) is None  # another ladder
+    assert load_tuned(replace(ladder_paths, draft=NGRAM)) is None  # another ladder
     data = json.loads(path.read_text())
-    assert data["ladder"]["target"]["size"] == ladder_paths["target"].stat().st_size
+    assert data["ladder"]["target"]["size"] == ladder_paths.target.stat().st_size
     path.write_text("{broken")
     assert load_tuned(ladder_paths) is None
 
@@ -82,15 +85,15 @@ def test_candidates() -> None:
     assert all(c.spec.p_min == 0 for c in ngram)
 
 
-def test_cli_tune(ladder_paths: dict[str, Path]) -> None:
+def test_cli_tune(ladder_paths: LadderPaths) -> None:
     out = CliRunner().invoke(
         main,
         [
             "tune",
             "-m",
-            str(ladder_paths["target"]),
+            str(ladder_paths.target),
             "--draft",
-            str(ladder_paths["draft"]),
+            str(ladder_paths.draft),
             "-n",
             "8",
             "--max-configs",
@@ -109,6 +112,6 @@ def test_cli_tune(ladder_paths: dict[str, Path]) -> None:
     doc = json.loads(out.stdout)
     assert doc["speedup"] >= 1.0 and Path(doc["path"]).is_file()
     bad = CliRunner().invoke(
-        main, ["tune", "-m", str(ladder_paths["target"]), "--max-quality-drop", "2"]
+        main, ["tune", "-m", str(ladder_paths.target), "--max-quality-drop", "2"]
     )
     assert bad.exit_code == 1 and "max-quality-drop" in bad.output

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from synth import TinySpec, write_tiny_llama
 
 from pyramid_gguf import Pyramid
 from pyramid_gguf.config import LoadConfig
 from pyramid_gguf.errors import VocabularyMismatch
-from pyramid_gguf.synth import TinySpec, write_tiny_llama
-from pyramid_gguf.vocab import check_same_vocabulary
+from pyramid_gguf.models.vocab_check import check_same_vocabulary
 
 
 @dataclass
@@ -32,6 +32,10 @@ class FakeVocab:
 
     def token_text(self, token: int) -> str:
         return self.texts[token]
+
+    @property
+    def vocab(self) -> FakeVocab:
+        return self
 
 
 WORDS = [f"t{i}" for i in range(300)]

@@ -1,43 +1,37 @@
-"""``pyramid-gguf bench`` (modes side by side) and ``pyramid-gguf tune`` (fastest spec here)."""
+"""``pyramid-gguf bench``: modes side by side on one loaded ladder, ``target`` as the reference.
+
+Also the prompt and benchmark-sampling flags that ``tune`` shares.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..bench import (
-    BenchPrompt,
-    aggregate,
-    available_modes,
-    build_grid,
-    format_table,
-    load_prompt_file,
-    load_prompt_sets,
-    parse_modes,
-    parse_sweep,
-    report,
-    run_bench,
-    to_csv,
-    total_steps,
-)
+from ..bench.grid import SWEEP_KNOBS, build_grid, parse_modes, parse_sweep
+from ..bench.prompts import BenchPrompt, load_prompt_file, load_prompt_sets
+from ..bench.report import format_table, report, to_csv
+from ..bench.results import aggregate
+from ..bench.runner import run_bench, total_steps
 from ..config import SpecConfig
 from ..errors import UserError
+from ..ladder import TIERS
+from ..modes import modes_for
+from .ladders import load_pyramid, resolve_ladder
 from .options import (
+    LadderArgs,
+    command,
     ladder_options,
-    load_config_from,
-    load_pyramid,
-    resolve_ladder,
     sampling_config_from,
     spec_config_from,
     spec_options,
 )
 
-__all__ = ["bench", "tune"]
+__all__ = ["bench", "bench_sampling_options", "prompt_options", "prompts_from"]
 
 
 def bench_sampling_options(f: Any) -> Any:
@@ -108,7 +102,8 @@ def prompt_options(f: Any) -> Any:
     return f
 
 
-def _prompts(params: dict[str, Any]) -> list[BenchPrompt]:
+def prompts_from(params: dict[str, Any]) -> list[BenchPrompt]:
+    """The prompts the prompt flags select."""
     sets = params.get("prompt_sets")
     names = [s.strip() for s in sets.split(",") if s.strip()] if sets else None
     prompts: list[BenchPrompt] = []
@@ -120,11 +115,11 @@ def _prompts(params: dict[str, Any]) -> list[BenchPrompt]:
     if limit is not None:
         if limit < 1:
             raise UserError(f"--limit must be at least 1, got {limit}")
-        prompts = _limit(prompts, limit)
+        prompts = limit_per_set(prompts, limit)
     return prompts
 
 
-@click.command()
+@command()
 @ladder_options
 @bench_sampling_options
 @spec_options
@@ -141,8 +136,7 @@ def _prompts(params: dict[str, Any]) -> list[BenchPrompt]:
     "sweeps",
     multiple=True,
     metavar="KNOB=V1,V2",
-    help="Sweep a knob (repeatable; the grid is cartesian): l_d, l_q, tau_q, tau_t, "
-    "p_min, divergence, fuzzy_variant, exact_rule.",
+    help="Sweep a knob (repeatable; the grid is cartesian): " + ", ".join(SWEEP_KNOBS) + ".",
 )
 @click.option(
     "--repeats",
@@ -198,30 +192,28 @@ def bench(**params: Any) -> None:
     pyramid-gguf bench --modes psd-a --sweep tau_t=0.2,0.4,0.6 --plot tau.png
     """
     sampling = sampling_config_from({**params, "stop": ()})
-    prompts = _prompts(params)
+    prompts = prompts_from(params)
     sweeps = parse_sweep(params["sweeps"])
     if params["repeats"] < 1:
         raise UserError(f"--repeats must be at least 1, got {params['repeats']}")
     if params["humaneval_n"] < 0:
         raise UserError("--humaneval must be >= 0")
-    resolved = resolve_ladder(params)
-    paths, ladder_spec, name = resolved
-    allowed = available_modes(
-        0, paths["draft"] is not None, paths["draft"] is not None and paths["qualifier"] is not None
-    )
+    args = LadderArgs.from_params(params)
+    resolved = resolve_ladder(args)
     modes_flag = params["modes"] if params["modes"] is not None else params["mode"]
-    modes = parse_modes(modes_flag, allowed)
-    base = spec_config_from({**params, "mode": None}, ladder_spec)
+    modes = parse_modes(modes_flag, modes_for(resolved.paths.n_tiers))
+    base = spec_config_from({**params, "mode": None}, resolved.spec)
     configs = build_grid(modes, base, sweeps)
     problems: list[dict[str, Any]] = []
     if params["humaneval_n"]:
-        from ..humaneval import load_problems
+        from ..bench.humaneval import load_problems
 
         problems = load_problems(params["humaneval_n"])
     if params["plot_path"]:
         import matplotlib  # noqa: F401  (fail before the long run if it is missing)
 
-    with load_pyramid(params, spec=SpecConfig(mode="target"), resolved=resolved) as pyramid:
+    name = resolved.name
+    with load_pyramid(args, resolved, SpecConfig(mode="target")) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
         with bar:
@@ -240,8 +232,8 @@ def bench(**params: Any) -> None:
     rows = aggregate(run)
     meta = {
         "ladder": name,
-        "paths": {k: str(v) if v else None for k, v in paths.items()},
-        "threads": load_config_from(params).n_threads,
+        "paths": {t: _text(resolved.paths.get(t)) for t in TIERS},
+        "threads": args.load.n_threads,
         "sweeps": dict(sweeps),
     }
     if params["as_json"]:
@@ -254,13 +246,17 @@ def bench(**params: Any) -> None:
         except OSError as e:
             raise UserError(f"cannot write {params['csv_path']}: {e.strerror or e}") from None
     if params["plot_path"]:
-        from ..plot import plot_bench
+        from ..bench.plot import plot_bench
 
         plot_bench(
             rows,
             params["plot_path"],
             title=f"{name}: {len(prompts)} prompts, {params['repeats']} repeats",
         )
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _progress(quiet: bool, steps: int, label: str) -> Any:
@@ -281,97 +277,8 @@ class _NoBar:
         pass
 
 
-@click.command()
-@ladder_options
-@bench_sampling_options
-@prompt_options
-@click.option(
-    "--max-quality-drop",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="Largest allowed drop in token agreement with target (0: lossless modes only).",
-)
-@click.option(
-    "--budget-seconds",
-    type=float,
-    default=300.0,
-    show_default=True,
-    help="Rough time budget of the search.",
-)
-@click.option(
-    "--max-configs",
-    type=int,
-    default=12,
-    show_default=True,
-    help="Most candidate configurations to screen.",
-)
-@click.option(
-    "--confirm-repeats",
-    type=int,
-    default=2,
-    show_default=True,
-    help="Repeats of the final comparison against target.",
-)
-@click.option("--dry-run", is_flag=True, help="Do not write the tuned config.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def tune(**params: Any) -> None:
-    """Find the fastest spec for this machine and ladder; `run` then uses it by default.
-
-    Measures target in the same run and never recommends a configuration slower than it.
-    Result: $PYRAMID_GGUF_HOME/tuned/<ladder-key>.json.
-    """
-    from ..tune import tune as run_tune
-
-    if params["max_quality_drop"] < 0 or params["max_quality_drop"] > 1:
-        raise UserError("--max-quality-drop must be in [0, 1]")
-    if params["max_configs"] < 0:
-        raise UserError("--max-configs must be >= 0")
-    if params["budget_seconds"] <= 0:
-        raise UserError("--budget-seconds must be positive")
-    sampling = sampling_config_from({**params, "stop": ()})
-    prompts = _prompts(params)
-    if params["limit"] is None and not params["prompt_file"]:
-        prompts = _limit(prompts, 1)
-    resolved = resolve_ladder(params)
-    paths, ladder_spec, _ = resolved
-    with load_pyramid(params, spec=SpecConfig(mode="target"), resolved=resolved) as pyramid:
-        pyramid.spec = ladder_spec.with_(mode="target")
-        result = run_tune(
-            pyramid,
-            paths,
-            prompts,
-            sampling,
-            max_quality_drop=params["max_quality_drop"],
-            budget_seconds=params["budget_seconds"],
-            max_configs=params["max_configs"],
-            confirm_repeats=params["confirm_repeats"],
-            chat=params["chat"],
-            write=not params["dry_run"],
-            log=lambda m: click.echo(m, err=True),
-        )
-    if params["as_json"]:
-        path = str(result.path) if result.path else None
-        click.echo(json.dumps({**result.to_dict(), "path": path}, indent=2))
-        return
-    s = result.spec
-    if result.recommend_target:
-        click.echo(
-            f"no configuration beat target ({result.target_tps:.1f} tok/s) on this machine; "
-            "recommending plain target decoding"
-        )
-    else:
-        knobs = {k: v for k, v in asdict(s).items() if k != "mode"}
-        click.echo(f"best: {s.mode} {knobs}")
-        click.echo(
-            f"  {result.tps:.1f} tok/s vs target {result.target_tps:.1f} tok/s "
-            f"({result.speedup:.2f}x), quality drop {result.quality_drop:.3f}"
-        )
-    if result.path:
-        click.echo(f"saved to {result.path} (used by `pyramid-gguf run` for this ladder)")
-
-
-def _limit(prompts: list[BenchPrompt], n: int) -> list[BenchPrompt]:
+def limit_per_set(prompts: list[BenchPrompt], n: int) -> list[BenchPrompt]:
+    """At most ``n`` prompts of each set, in order."""
     counts: dict[str, int] = {}
     out = []
     for p in prompts:

@@ -1,7 +1,8 @@
-"""Entry point: the ``pyramid-gguf`` click group and its user-error handling.
+"""Entry point: the ``pyramid-gguf`` click group.
 
-Every :class:`~pyramid_gguf.errors.UserError` raised below a command becomes one line on stderr
-(``Error: ...``) and exit status 1, never a traceback. Ctrl-C exits 130 quietly.
+Every command is a :class:`~.options.PyramidCommand`: a
+:class:`~pyramid_gguf.errors.UserError` becomes one line on stderr (``Error: ...``) and exit
+status 1, never a traceback. The group turns Ctrl-C into a quiet exit 130.
 """
 
 from __future__ import annotations
@@ -11,17 +12,13 @@ from typing import Any
 
 import click
 
-from ..errors import UserError
-
 
 class PyramidGroup(click.Group):
-    """A click group that turns user errors into one-line messages."""
+    """A click group that exits quietly (130) on Ctrl-C."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except UserError as e:
-            raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
@@ -34,7 +31,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import bench, models, plan, run, serve
+    from . import bench, models, plan, run, serve, tune
 
     main.add_command(run.run)
     main.add_command(models.models)
@@ -42,7 +39,7 @@ def _register() -> None:
     main.add_command(models.derive)
     main.add_command(plan.plan)
     main.add_command(bench.bench)
-    main.add_command(bench.tune)
+    main.add_command(tune.tune)
     main.add_command(serve.serve)
 
 

@@ -8,6 +8,7 @@ import click
 
 from ..config import default_threads
 from ..errors import UserError
+from .options import PyramidCommand, command
 
 
 @click.group()
@@ -19,13 +20,13 @@ def _size(n: int | None) -> str:
     return "?" if n is None else f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
-@models.command("list")
+@models.command("list", cls=PyramidCommand)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_models(as_json: bool) -> None:
     """Presets, their tiers, and which files are present locally."""
-    from ..fetch import cache_home
-    from ..presets import describe, preset_names
-    from ..registry import get_preset
+    from ..models.fetch import cache_home
+    from ..models.presets import describe, preset_names
+    from ..models.registry import get_preset
 
     rows = [describe(get_preset(name)) for name in preset_names()]
     if as_json:
@@ -43,20 +44,18 @@ def list_models(as_json: bool) -> None:
             click.echo(f"  {tier:<9} {mark:<7} {size:>9}  {info['file']}  ({info['origin']})")
 
 
-@click.command()
+@command()
 @click.argument("preset")
 def pull(preset: str) -> None:
     """Download / assemble / derive every model of PRESET and verify the sha256 sums."""
-    from ..presets import pull_preset
+    from ..models.presets import pull_preset
 
     ladder = pull_preset(preset)
-    for tier in ("draft", "qualifier", "target"):
-        path = getattr(ladder, tier)
-        if path is not None:
-            click.echo(f"{tier}: {path}")
+    for tier, path in ladder.paths.model_files().items():
+        click.echo(f"{tier}: {path}")
 
 
-@click.command()
+@command()
 @click.argument("src", type=click.Path(dir_okay=False))
 @click.option(
     "-o",
@@ -84,7 +83,7 @@ def derive(
     threads: int | None,
 ) -> None:
     """Derive a smaller tier from the GGUF SRC by layer skipping or requantizing."""
-    from .. import derive as d
+    from ..models import derive as d
 
     if sum(x is not None for x in (keep_layers, skip_every, qtype)) != 1:
         raise UserError("give exactly one of --keep-layers, --skip-every or --quantize")

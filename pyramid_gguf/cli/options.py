@@ -1,32 +1,39 @@
-"""Option groups shared by ``run``, ``bench``, ``tune`` and ``serve``, and configs built from them.
+"""Option groups shared by the commands, and the typed configs built from them.
 
 Each decorator adds a group of flags; each ``*_from`` function turns the parsed flags into a
-frozen config object, so commands pass configs, never loose kwargs.
+frozen object (:class:`LadderArgs`, :class:`~pyramid_gguf.config.SamplingConfig`,
+:class:`~pyramid_gguf.config.SpecConfig`), so commands pass typed configs, never loose kwargs.
+The speculative flags are generated from :data:`~pyramid_gguf.config.SPEC_KNOBS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
-from ..api import Pyramid
-from ..config import (
-    DIVERGENCES,
-    FUZZY_VARIANTS,
-    KV_TYPES,
-    MODES,
-    LoadConfig,
-    SamplingConfig,
-    SpecConfig,
-    default_mode,
-    default_threads,
-)
+from ..config import KV_TYPES, SPEC_KNOBS, LoadConfig, SamplingConfig, SpecConfig, default_threads
 from ..errors import UserError
+from ..ladder import LadderPaths
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PyramidCommand(click.Command):
+    """A click command whose :class:`UserError` is one ``Error:`` line and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            raise click.ClickException(str(e)) from None
+
+
+def command(**attrs: Any) -> Callable[[F], click.Command]:
+    """``click.command`` with :class:`PyramidCommand` (user errors as one line)."""
+    return click.command(cls=PyramidCommand, **attrs)
 
 
 def _apply(options: list[Callable[[F], F]], f: F) -> F:
@@ -178,66 +185,40 @@ def sampling_options(f: F) -> F:
     )
 
 
+def _knob_option(name: str) -> Callable[[F], F]:
+    knob = next(k for k in SPEC_KNOBS if k.name == name)
+    kind: Any = click.Choice(knob.choices) if knob.choices else knob.type
+    return click.option(knob.flag, knob.name, type=kind, default=None, help=knob.help)
+
+
 def spec_options(f: F) -> F:
-    """Decoding mode and speculative knobs (defaults come from the ladder when not given)."""
-    return _apply(
-        [
-            click.option(
-                "--mode",
-                type=click.Choice(MODES),
-                default=None,
-                help="Decoding mode [default: psd-exact with 3 models, sd with 2, target with 1].",
-            ),
-            click.option(
-                "--l-d",
-                "l_d",
-                type=int,
-                default=None,
-                help="Draft tokens per qualifier check [default: 4].",
-            ),
-            click.option(
-                "--l-q",
-                "l_q",
-                type=int,
-                default=None,
-                help="Qualified tokens per target check [default: 8].",
-            ),
-            click.option(
-                "--tau-q",
-                "tau_q",
-                type=float,
-                default=None,
-                help="Fuzzy threshold of the draft->qualifier stage (psd-f).",
-            ),
-            click.option(
-                "--tau-t",
-                "tau_t",
-                type=float,
-                default=None,
-                help="Fuzzy threshold of the stage into the target (fsd, psd-a, psd-f).",
-            ),
-            click.option(
-                "--divergence",
-                type=click.Choice(DIVERGENCES),
-                default=None,
-                help="Fuzzy divergence [default: js].",
-            ),
-            click.option(
-                "--fuzzy-variant",
-                type=click.Choice(FUZZY_VARIANTS),
-                default=None,
-                help="reducible (default) or pure (the FSD paper).",
-            ),
-            click.option(
-                "--p-min",
-                "p_min",
-                type=float,
-                default=None,
-                help="Stop drafting when the draft's top probability falls under this.",
-            ),
-        ],
-        f,
-    )
+    """Decoding mode and every speculative knob; a knob not given keeps the ladder's value."""
+    return _apply([_knob_option(k.name) for k in SPEC_KNOBS], f)
+
+
+@dataclass(frozen=True)
+class LadderArgs:
+    """What the ladder flags asked for: a preset (or the default) or model files, and how to
+    load them."""
+
+    preset: str | None
+    paths: LadderPaths | None
+    load: LoadConfig
+    vram: str | None = None
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> LadderArgs:
+        given = [params.get(k) for k in ("target", "qualifier", "draft")]
+        if params.get("preset") and any(given):
+            raise UserError(
+                "give either --preset or model paths (--target/--qualifier/--draft), not both"
+            )
+        if params.get("target") is None and any(given):
+            raise UserError("--target is required when --draft or --qualifier is given")
+        paths = None
+        if params.get("target") is not None:
+            paths = LadderPaths.of(params["target"], params.get("qualifier"), params.get("draft"))
+        return cls(params.get("preset"), paths, load_config_from(params), params.get("vram"))
 
 
 def load_config_from(params: dict[str, Any]) -> LoadConfig:
@@ -265,89 +246,12 @@ def sampling_config_from(params: dict[str, Any]) -> SamplingConfig:
         min_p=params["min_p"],
         seed=params["seed"],
         max_tokens=params["max_tokens"],
-        stop=tuple(params["stop"]),
+        stop=tuple(params.get("stop", ())),
         ignore_eos=params["ignore_eos"],
     )
 
 
-SPEC_FLAGS = ("mode", "l_d", "l_q", "tau_q", "tau_t", "divergence", "fuzzy_variant", "p_min")
-
-
 def spec_config_from(params: dict[str, Any], base: SpecConfig) -> SpecConfig:
-    """``base`` (the ladder's recommendation or the default) with the flags the user gave."""
-    changes = {k: params[k] for k in SPEC_FLAGS if params.get(k) is not None}
+    """``base`` (the ladder's recommendation or the default) with the knobs the user gave."""
+    changes = {k.name: params[k.name] for k in SPEC_KNOBS if params.get(k.name) is not None}
     return base.with_(**changes) if changes else base
-
-
-Resolved = tuple[dict[str, Any], SpecConfig, str]
-
-
-def resolve_ladder(params: dict[str, Any]) -> Resolved:
-    """``({"target", "qualifier", "draft"}, base spec, name)`` from the ladder flags.
-
-    ``--preset`` (or the default preset when no model is given) is fetched if missing. The base
-    spec is what ``pyramid-gguf tune`` saved for this ladder, else the preset's recommendation,
-    else the lossless default for the number of tiers; flags then override it.
-    """
-    given = [params.get(k) for k in ("target", "qualifier", "draft")]
-    if params.get("preset") and any(given):
-        raise UserError(
-            "give either --preset or model paths (--target/--qualifier/--draft), not both"
-        )
-    if params.get("target") is None and any(given):
-        raise UserError("--target is required when --draft or --qualifier is given")
-    if params.get("target") is None:
-        from ..presets import DEFAULT_PRESET, resolve_preset
-
-        r = resolve_preset(params.get("preset") or DEFAULT_PRESET)
-        paths: dict[str, Any] = {"target": r.target, "qualifier": r.qualifier, "draft": r.draft}
-        base, name = r.spec, r.name
-    else:
-        paths = {k: params.get(k) for k in ("target", "qualifier", "draft")}
-        n_tiers = 1 + (paths["draft"] is not None) * (1 + (paths["qualifier"] is not None))
-        base, name = SpecConfig(mode=default_mode(n_tiers)), Path(paths["target"]).stem
-    from ..tune import load_tuned
-
-    return paths, load_tuned(paths) or base, name
-
-
-def load_pyramid(
-    params: dict[str, Any], *, spec: SpecConfig | None = None, resolved: Resolved | None = None
-) -> Pyramid:
-    """Load the ladder of the flags of :func:`ladder_options`; ``spec`` defaults to the
-    ladder's base spec with the flags of :func:`spec_options` applied. ``resolved``: what
-    :func:`resolve_ladder` already returned for these flags (not resolved again).
-    """
-    paths, base, name = resolved or resolve_ladder(params)
-    load = load_config_from(params)
-    return Pyramid.from_paths(
-        paths["target"],
-        draft=paths["draft"],
-        qualifier=paths["qualifier"],
-        load=load,
-        spec=spec or spec_config_from(params, base),
-        name=name,
-        tier_loads=_planned_loads(params.get("vram"), load, **paths),
-    )
-
-
-def _planned_loads(
-    vram: str | None, load: LoadConfig, target: Any, qualifier: Any, draft: Any
-) -> dict[str, LoadConfig] | None:
-    """Per-tier load configs from the memory planner when ``--vram`` is given."""
-    if vram is None:
-        return None
-    from ..planner import plan_ladder, resolve_budget, tier_load_config
-
-    model_draft = None if draft is None or str(draft) == "ngram" else draft
-    plan = plan_ladder(
-        resolve_budget(vram),
-        draft=model_draft,
-        qualifier=qualifier,
-        target=target,
-        n_ctx=load.n_ctx,
-        n_ubatch=load.n_batch,
-        type_k=load.type_k,
-        type_v=load.type_v,
-    )
-    return {tier: tier_load_config(plan, tier, load) for tier in plan.tier_names}

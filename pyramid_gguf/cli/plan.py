@@ -9,22 +9,19 @@ import json
 
 import click
 
-from ..planner import (
-    Plan,
-    apply_plan,
-    fmt_mib,
-    parse_size,
-    plan_ladder,
-    resolve_budget,
-)
+from ..config import LoadConfig
+from ..ladder import LadderPaths
+from ..models.memory import fmt_mib, parse_size
+from ..models.planner import Plan, plan_ladder, resolve_budget
 from .options import (
     batch_size_option,
     cache_type_k_option,
     cache_type_v_option,
+    command,
     ctx_size_option,
 )
 
-__all__ = ["apply_plan", "format_plan", "plan"]
+__all__ = ["format_plan", "plan"]
 
 
 def format_plan(p: Plan) -> str:
@@ -35,8 +32,8 @@ def format_plan(p: Plan) -> str:
     )
     lines = [
         f"VRAM budget {fmt_mib(p.budget_bytes)} MiB, margin {fmt_mib(p.margin_bytes)} MiB, "
-        f"usable {fmt_mib(p.usable_bytes)} MiB; ctx {p.n_ctx}, ubatch {p.n_ubatch}, "
-        f"KV {p.type_k}/{p.type_v}  (MiB)",
+        f"usable {fmt_mib(p.usable_bytes)} MiB; ctx {p.load.n_ctx}, ubatch {p.load.n_batch}, "
+        f"KV {p.load.type_k}/{p.load.type_v}  (MiB)",
         head,
         "-" * len(head),
     ]
@@ -61,7 +58,7 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
-@click.command()
+@command()
 @click.option("--draft", metavar="GGUF", default=None, help="Draft (smallest) model.")
 @click.option("--qualifier", metavar="GGUF", default=None, help="Qualifier (mid-size) model.")
 @click.option("--target", "-m", "target", metavar="GGUF", required=True, help="Target model.")
@@ -108,23 +105,14 @@ def plan(
     The draft is placed first, then the qualifier, then the target; a tier gets layers only
     once the tiers before it are fully on the GPU.
     """
-    from ..errors import UserError
-
-    try:
-        result = plan_ladder(
-            resolve_budget(vram),
-            draft=draft,
-            qualifier=qualifier,
-            target=target,
-            n_ctx=n_ctx,
-            n_ubatch=n_batch,
-            type_k=type_k,
-            type_v=type_v,
-            kv_quant="auto" if kv_quant == "auto" else "off",
-            margin_bytes=None if margin is None else parse_size(margin),
-        )
-    except UserError as e:  # also when invoked outside the PyramidGroup
-        raise click.ClickException(str(e)) from None
+    load = LoadConfig(n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)  # type: ignore[arg-type]
+    result = plan_ladder(
+        resolve_budget(vram),
+        LadderPaths.of(target, qualifier, draft),
+        load,
+        kv_quant="auto" if kv_quant == "auto" else "off",
+        margin_bytes=None if margin is None else parse_size(margin),
+    )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

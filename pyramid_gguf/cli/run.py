@@ -14,11 +14,14 @@ from typing import Any
 import click
 
 from ..errors import UserError
+from .ladders import load_pyramid, resolve_ladder
 from .options import (
+    LadderArgs,
+    command,
     ladder_options,
-    load_pyramid,
     sampling_config_from,
     sampling_options,
+    spec_config_from,
     spec_options,
 )
 
@@ -42,7 +45,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     raise UserError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
 
 
-@click.command()
+@command()
 @click.option("--prompt", "-p", default=None, help="Prompt text.")
 @click.option(
     "--file",
@@ -62,12 +65,6 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @ladder_options
 @sampling_options
 @spec_options
-@click.option(
-    "--exact-rule",
-    type=click.Choice(["exact", "greedy-match"]),
-    default=None,
-    help="Rule of the lossless stages: speculative sampling (default) or token matching.",
-)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text and stats).")
 @click.option("--verbose", "-v", is_flag=True, help="Per-stage and per-tier statistics on stderr.")
 def run(
@@ -75,7 +72,6 @@ def run(
     prompt_file: Path | None,
     chat: bool | None,
     system: str | None,
-    exact_rule: str | None,
     as_json: bool,
     verbose: bool,
     **params: Any,
@@ -91,10 +87,12 @@ def run(
     sampling = sampling_config_from(params)
     if system is not None and chat is False:
         raise UserError("--system needs the chat template; drop --raw")
-    with load_pyramid(params) as pyramid:
-        spec = pyramid.spec if exact_rule is None else pyramid.spec.with_(exact_rule=exact_rule)
+    args = LadderArgs.from_params(params)
+    resolved = resolve_ladder(args)
+    spec = spec_config_from(params, resolved.spec)
+    with load_pyramid(args, resolved, spec) as pyramid:
         if chat is None:
-            chat = system is not None or pyramid.target.chat_template() is not None
+            chat = system is not None or pyramid.chat_template is not None
         if chat:
             messages = [{"role": "user", "content": text}]
             if system is not None:

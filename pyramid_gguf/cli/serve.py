@@ -6,13 +6,13 @@ from typing import Any
 
 import click
 
-from ..errors import UserError
-from .options import ladder_options, load_pyramid, spec_options
+from .ladders import load_pyramid, resolve_ladder
+from .options import LadderArgs, command, ladder_options, spec_config_from, spec_options
 
 __all__ = ["serve"]
 
 
-@click.command()
+@command()
 @ladder_options
 @spec_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -57,16 +57,10 @@ def serve(**params: Any) -> None:
     One engine answers requests one at a time from a bounded queue; responses carry usage and
     llama-server style timings with per-stage draft statistics.
     """
-    try:
-        _serve(params)
-    except UserError as e:  # also when invoked outside the PyramidGroup
-        raise click.ClickException(str(e)) from None
-
-
-def _serve(params: dict[str, Any]) -> None:
     import uvicorn
 
-    from ..server import ServerSettings, create_app, resolve_chat_format
+    from ..serving.app import create_app
+    from ..serving.settings import ServerSettings, resolve_chat_format
 
     settings = ServerSettings(
         api_key=params["api_key"],
@@ -74,7 +68,9 @@ def _serve(params: dict[str, Any]) -> None:
         model_name=params["model_name"],
         chat_template=resolve_chat_format(params["chat_format"]),
     )
-    pyramid = load_pyramid(params)
+    args = LadderArgs.from_params(params)
+    resolved = resolve_ladder(args)
+    pyramid = load_pyramid(args, resolved, spec_config_from(params, resolved.spec))
     try:
         app = create_app(pyramid, settings)
         click.echo(

@@ -1,0 +1,2 @@
+"""Measurement: benchmark prompts, the config grid, runs, aggregation and reports, ``tune``,
+HumanEval and charts."""

@@ -1,0 +1,79 @@
+"""Benchmark prompts: the shipped sets (``code``, ``edit``, ``chat``, ``qa``) and user files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+
+PROMPT_SETS = ("code", "edit", "chat", "qa")
+_DATA = Path(__file__).resolve().parent.parent / "data" / "prompts"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One benchmark prompt: its set (``code``, ``edit``...), an id and the text."""
+
+    set: str
+    id: str
+    text: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.set}/{self.id}"
+
+
+def _prompts_from_json(data: Any, set_name: str, where: str) -> list[BenchPrompt]:
+    if isinstance(data, dict):  # {"set": [...], ...}
+        return [p for name, items in data.items() for p in _prompts_from_json(items, name, where)]
+    if not isinstance(data, list):
+        raise UserError(f"{where}: expected a JSON list of prompts or an object of lists")
+    out = []
+    for i, item in enumerate(data):
+        if isinstance(item, str):
+            out.append(BenchPrompt(set_name, str(i), item))
+        elif isinstance(item, dict) and isinstance(item.get("text"), str):
+            out.append(BenchPrompt(set_name, str(item.get("id", i)), item["text"]))
+        else:
+            raise UserError(f"{where}: prompt {i} is neither a string nor an object with 'text'")
+    return out
+
+
+def load_prompt_sets(names: Sequence[str] | None = None) -> list[BenchPrompt]:
+    """The shipped prompt sets (``code``, ``edit``, ``chat``, ``qa``), all by default."""
+    names = list(names) if names else list(PROMPT_SETS)
+    unknown = [n for n in names if n not in PROMPT_SETS]
+    if unknown:
+        raise UserError(f"unknown prompt set {unknown[0]!r}; valid: {', '.join(PROMPT_SETS)}")
+    out: list[BenchPrompt] = []
+    for name in dict.fromkeys(names):
+        data = json.loads(_DATA.joinpath(f"{name}.json").read_text(encoding="utf-8"))
+        out += _prompts_from_json(data, name, f"prompt set {name}")
+    return out
+
+
+def load_prompt_file(path: str | Path) -> list[BenchPrompt]:
+    """Prompts of a user file: JSON (a list of strings / ``{"id", "text"}`` objects, or an object
+    of such lists keyed by set name), or plain text with prompts separated by blank lines."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"cannot read prompt file {p}: {e.strerror or e}") from None
+    if p.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p}: invalid JSON ({e.msg} at line {e.lineno})") from None
+        prompts = _prompts_from_json(data, p.stem, str(p))
+    else:
+        chunks = [c.strip("\n") for c in text.split("\n\n")]
+        kept = [c for c in chunks if c.strip()]
+        prompts = [BenchPrompt(p.stem, str(i), c) for i, c in enumerate(kept)]
+    if not prompts:
+        raise UserError(f"{p}: no prompts found")
+    return prompts

@@ -1,0 +1,128 @@
+"""Running a benchmark: every config row over every prompt, repeats interleaved.
+
+:func:`run_bench` runs repeat -> prompt -> row, so machine noise hits every row alike, and
+keeps each generation's tokens and :class:`~pyramid_gguf.decoding.stats.GenerationStats` as a
+:class:`Sample`; :mod:`.results` reduces them.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import SamplingConfig
+from ..decoding.stats import GenerationStats
+from ..errors import UserError
+from ..serving.api import Pyramid
+from .grid import BenchConfig
+from .prompts import BenchPrompt
+
+
+@dataclass
+class Sample:
+    """One generation of one row on one prompt."""
+
+    row: int
+    prompt: str
+    repeat: int
+    token_ids: list[int]
+    stats: GenerationStats
+
+
+@dataclass
+class BenchRun:
+    """Everything :func:`run_bench` measured."""
+
+    configs: list[BenchConfig]
+    prompts: list[BenchPrompt]
+    sampling: SamplingConfig
+    repeats: int
+    samples: list[Sample]
+    peak_rss: dict[int, float]
+    humaneval: dict[int, list[Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far, in MiB (models of every tier included)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+Progress = Callable[[int], None]
+
+
+def encode_prompt(pyramid: Pyramid, prompt: BenchPrompt, chat: bool) -> list[int]:
+    """Token ids of a prompt: through the target's chat template when ``chat``, else raw."""
+    if chat:
+        return list(pyramid.chat_tokens([{"role": "user", "content": prompt.text}]))
+    return list(pyramid.tokenize(prompt.text))
+
+
+def run_bench(
+    pyramid: Pyramid,
+    configs: Sequence[BenchConfig],
+    prompts: Sequence[BenchPrompt],
+    sampling: SamplingConfig,
+    *,
+    repeats: int = 3,
+    warmup: bool = True,
+    chat: bool | None = None,
+    humaneval_problems: Sequence[dict[str, Any]] = (),
+    humaneval_timeout: float = 10.0,
+    progress: Progress | None = None,
+) -> BenchRun:
+    """Run every config over every prompt ``repeats`` times, interleaved.
+
+    ``chat=None`` uses the target's chat template when it has one. ``progress(n)`` is called
+    after each generation.
+    """
+    if repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {repeats}")
+    if not prompts:
+        raise UserError("no prompts to run")
+    if not configs or configs[0].spec.mode != "target":
+        raise UserError("the first benchmark row must be the target reference")
+    if chat is None:
+        chat = pyramid.chat_template is not None
+    encoded = {p.key: encode_prompt(pyramid, p, chat) for p in prompts}
+    t0 = time.perf_counter()
+    if warmup:
+        first = encoded[prompts[0].key]
+        for c in configs:
+            pyramid.generate(first, sampling.with_(max_tokens=min(8, sampling.max_tokens)), c.spec)
+    samples: list[Sample] = []
+    peak: dict[int, float] = {}
+    for r in range(repeats):
+        for p in prompts:
+            for i, c in enumerate(configs):
+                done = pyramid.generate(encoded[p.key], sampling, c.spec)
+                samples.append(Sample(i, p.key, r, list(done.token_ids), done.stats))
+                peak[i] = peak_rss_mib()
+                if progress:
+                    progress(1)
+    he: dict[int, list[Any]] = {}
+    if humaneval_problems:
+        from .humaneval import STOP, check, truncate
+
+        he_sampling = sampling.with_(stop=tuple(dict.fromkeys((*sampling.stop, *STOP))))
+        for problem in humaneval_problems:
+            for i, c in enumerate(configs):
+                done = pyramid.generate(problem["prompt"], he_sampling, c.spec)
+                he.setdefault(i, []).append(
+                    check(problem, truncate(done.text), timeout=humaneval_timeout)
+                )
+                if progress:
+                    progress(1)
+    return BenchRun(
+        list(configs), list(prompts), sampling, repeats, samples, peak, he, time.perf_counter() - t0
+    )
+
+
+def total_steps(n_configs: int, n_prompts: int, repeats: int, n_humaneval: int = 0) -> int:
+    """Generations :func:`run_bench` will report to ``progress``."""
+    return n_configs * (n_prompts * repeats + n_humaneval)

@@ -1,0 +1,169 @@
+"""Stage acceptance rules of docs/ALGORITHMS.md, in pure numpy (no ``llama_cpp`` import).
+
+One stage: a proposer offered ``k`` tokens ``y`` with its warped distributions ``q`` (``[k, V]``)
+and raw logits; the verifier scored ``[last_committed, y_1..y_k]`` in one batch, giving warped
+distributions ``p`` (``[k+1, V]``) and raw logits. Naming follows Leviathan et al. 2023:
+``p`` is always the verifier, ``q`` the proposer.
+
+Every rule returns a :class:`StageOutcome`: how many proposals were accepted and the one token
+the verifier adds after them (the residual sample at the first rejection, or the bonus token
+from ``p[k]`` when all were accepted). Randomness comes only from the ``Generator`` passed in,
+drawn in a fixed order, so ``fuzzy`` with ``tau < 0`` consumes it exactly like ``exact``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import log_softmax, sample
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """``n_accepted`` of the ``k`` proposals, then ``token`` (correction or bonus)."""
+
+    n_accepted: int
+    token: int
+
+
+# --- divergences on temperature-1 softmax of raw logits ---------------------------------------
+
+
+def js(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
+    """Jensen-Shannon divergence (natural log, at most ln 2) per row. ``[k, V] x2 -> [k]``."""
+    lp = log_softmax(verifier_logits)
+    lq = log_softmax(proposer_logits)
+    p, q = np.exp(lp), np.exp(lq)
+    with np.errstate(divide="ignore"):
+        lm = np.log(0.5 * (p + q))
+    return np.clip(0.5 * (_xlogy_diff(p, lp, lm) + _xlogy_diff(q, lq, lm)), 0.0, np.log(2.0))
+
+
+def kl(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
+    """KL(p || q) per row, p the verifier. ``[k, V] x2 -> [k]``."""
+    lp = log_softmax(verifier_logits)
+    lq = log_softmax(proposer_logits)
+    return np.maximum(_xlogy_diff(np.exp(lp), lp, lq), 0.0)
+
+
+def _xlogy_diff(p: np.ndarray, log_p: np.ndarray, log_r: np.ndarray) -> np.ndarray:
+    """``sum p * (log_p - log_r)`` per row with ``0 * log 0 = 0``. ``[k, V] -> [k]``."""
+    with np.errstate(invalid="ignore"):
+        terms = np.where(p > 0, p * (log_p - log_r), 0.0)
+    return np.sum(terms, axis=-1)
+
+
+def tv(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
+    """Total variation distance per row. ``[k, V] x2 -> [k]``."""
+    p = np.exp(log_softmax(verifier_logits))
+    q = np.exp(log_softmax(proposer_logits))
+    return 0.5 * np.sum(np.abs(p - q), axis=-1)
+
+
+DIVERGENCE_FNS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "js": js,
+    "kl": kl,
+    "tv": tv,
+}
+
+
+# --- the three stage rules --------------------------------------------------------------------
+
+
+def _proposal_probs(dist: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """``dist[i, tokens[i]]`` for each row. ``[k, V], [k] -> [k]``."""
+    return dist[np.arange(len(tokens)), tokens]
+
+
+def _residual_or_bonus(
+    n: int, tokens: np.ndarray, p: np.ndarray, q: np.ndarray, rng: np.random.Generator
+) -> int:
+    """Bonus from ``p[k]`` if all ``k`` were accepted, else a sample of norm(max(0, p_n - q_n))."""
+    if n == len(tokens):
+        return sample(p[n], rng)
+    residual = np.maximum(p[n] - q[n], 0.0)
+    if residual.sum() <= 0:  # p_n == q_n: a rejection has probability 0; keep the sampler total
+        residual = p[n]
+    return sample(residual, rng)
+
+
+def exact(
+    tokens: np.ndarray, p: np.ndarray, q: np.ndarray, rng: np.random.Generator
+) -> StageOutcome:
+    """Speculative sampling (Leviathan Alg. 1): accept ``y_i`` w.p. ``min(1, p_i(y_i)/q_i(y_i))``.
+
+    ``tokens``: ``[k]`` ids; ``p``: ``[k+1, V]`` verifier; ``q``: ``[k, V]`` proposer. The
+    emitted tokens are distributed exactly as the verifier's own samples.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    k = len(tokens)
+    u = rng.random(k)
+    accept = _exact_accepts(tokens, p, q, u)
+    n = _first_false(accept)
+    return StageOutcome(n, _residual_or_bonus(n, tokens, p, q, rng))
+
+
+def fuzzy(
+    tokens: np.ndarray,
+    p: np.ndarray,
+    q: np.ndarray,
+    verifier_logits: np.ndarray,
+    proposer_logits: np.ndarray | None,
+    rng: np.random.Generator,
+    *,
+    tau: float,
+    divergence: str = "js",
+    variant: str = "reducible",
+) -> StageOutcome:
+    """Fuzzy speculative decoding (FSD): accept ``y_i`` when ``Div <= tau``.
+
+    ``reducible`` (default): a position failing the threshold still gets the exact test, and
+    the first position failing both is replaced by a residual sample, so ``tau < 0`` is exactly
+    :func:`exact`. ``pure``: accept iff ``Div <= tau``; the first failure is replaced by a
+    sample of ``p_i``. ``Div`` is computed on the temperature-1 softmax of raw logits
+    (``[k+1, V]`` verifier, ``[k, V]`` proposer); a proposer with no logits (n-gram) has
+    infinite divergence, so only the exact test can accept its tokens.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    k = len(tokens)
+    u = rng.random(k)
+    if tau < 0 or proposer_logits is None or k == 0:
+        close = np.zeros(k, dtype=bool)
+    else:
+        close = DIVERGENCE_FNS[divergence](verifier_logits[:k], proposer_logits[:k]) <= tau
+    if variant == "pure":
+        n = _first_false(close)
+        token = sample(p[n], rng)
+        return StageOutcome(n, token)
+    accept = close | _exact_accepts(tokens, p, q, u)
+    n = _first_false(accept)
+    return StageOutcome(n, _residual_or_bonus(n, tokens, p, q, rng))
+
+
+def greedy_match(tokens: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> StageOutcome:
+    """llama.cpp's rule: sample the verifier at each position, accept while it equals ``y_i``.
+
+    ``tokens``: ``[k]``; ``p``: ``[k+1, V]``. Lossless and needs no ``q``.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    for i, y in enumerate(tokens):
+        t = sample(p[i], rng)
+        if t != int(y):
+            return StageOutcome(i, t)
+    return StageOutcome(len(tokens), sample(p[len(tokens)], rng))
+
+
+def _exact_accepts(tokens: np.ndarray, p: np.ndarray, q: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``u_i < p_i(y_i) / q_i(y_i)`` per position, written without a division. ``-> [k] bool``."""
+    py = _proposal_probs(p[: len(tokens)], tokens)
+    qy = _proposal_probs(q, tokens)
+    return u * qy < py
+
+
+def _first_false(flags: np.ndarray) -> int:
+    """Index of the first False, or ``len(flags)`` if there is none."""
+    misses = np.flatnonzero(~flags)
+    return int(misses[0]) if len(misses) else len(flags)

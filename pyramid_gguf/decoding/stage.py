@@ -1,0 +1,89 @@
+"""One verification: a verifier scores a proposed block in one batch and a rule decides.
+
+This is the piece both the qualifier stage and the final target stage run, so the qualifier is
+not special-cased anywhere: it is a :class:`~.proposers.QualifiedProposer` whose verification
+is this same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from . import acceptance
+from .protocol import Block
+from .sampling import Sampler
+from .stats import StageStats
+from .tiers import ModelTier
+
+RuleKind = Literal["exact", "fuzzy", "greedy-match"]
+
+
+@dataclass(frozen=True)
+class StageRule:
+    """Which acceptance rule a stage applies, with its fuzzy knobs."""
+
+    kind: RuleKind = "exact"
+    tau: float = -1.0
+    divergence: str = "js"
+    variant: str = "reducible"
+
+
+@dataclass(frozen=True)
+class Verified:
+    """Outcome of one verification.
+
+    ``tokens``: the ``n_accepted`` accepted proposals then the verifier's token, ``[n + 1]``.
+    ``p``: the verifier's warped distributions at those positions, ``[n + 1, V]``.
+    ``logits``: the verifier's raw logits at those positions, ``[n + 1, V]``.
+    """
+
+    tokens: list[int]
+    p: np.ndarray
+    logits: np.ndarray
+    n_accepted: int
+
+
+def one_hot(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
+    """Deterministic proposals as distributions: ``[k] -> [k, V]``."""
+    q = np.zeros((len(tokens), n_vocab))
+    q[np.arange(len(tokens)), list(tokens)] = 1.0
+    return q
+
+
+def verify(
+    verifier: ModelTier,
+    context: Sequence[int],
+    block: Block,
+    rule: StageRule,
+    sampler: Sampler,
+    stats: StageStats,
+) -> Verified:
+    """Score ``[last, y_1..y_k]`` in one batch and apply ``rule``; record into ``stats``."""
+    rng = sampler.rng
+    z = verifier.score(context, block.tokens)  # [k + 1, V]
+    p = sampler.warp(z)
+    q = block.q if block.q is not None else one_hot(block.tokens, verifier.n_vocab)
+    tokens = np.asarray(block.tokens, dtype=np.int64)
+    if rule.kind == "greedy-match":
+        outcome = acceptance.greedy_match(tokens, p, rng)
+    elif rule.kind == "fuzzy":
+        outcome = acceptance.fuzzy(
+            tokens,
+            p,
+            q,
+            z,
+            block.logits,
+            rng,
+            tau=rule.tau,
+            divergence=rule.divergence,
+            variant=rule.variant,
+        )
+    else:
+        outcome = acceptance.exact(tokens, p, q, rng)
+    n = outcome.n_accepted
+    stats.record(len(block.tokens), n)
+    return Verified([*block.tokens[:n], outcome.token], p[: n + 1], z[: n + 1], n)

@@ -1,0 +1,143 @@
+"""Model tiers: loaded models that score a context plus new tokens in one batch.
+
+:class:`ModelTier` keeps no logits between calls. Its cache always holds some prefix of what
+it was last asked about; :meth:`ModelTier.score` rolls back to the part of ``context[:-1]`` it
+already holds and evaluates ``[unseen context..., last_committed, y_1..y_k]`` in one
+``llama_decode``, asking only for the ``k + 1`` rows it needs. :class:`Ladder` holds the loaded
+tiers; :func:`load_ladder` loads one from a :class:`~pyramid_gguf.ladder.LadderPaths`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import LoadConfig
+from ..ladder import NGRAM, LadderPaths, NGram
+from ..models.gguf_header import check_gguf_path
+from ..models.vocab_check import check_same_vocabulary
+from ..native import EvalTimer, NativeModel, Vocab
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ModelTier:
+    """One rung of the ladder (``name`` is ``draft``, ``qualifier`` or ``target``)."""
+
+    def __init__(self, name: str, model: NativeModel) -> None:
+        self.name = name
+        self.model = model
+
+    @property
+    def vocab(self) -> Vocab:
+        return self.model.vocab
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    @property
+    def timer(self) -> EvalTimer:
+        """Time and tokens this tier has spent inside llama.cpp."""
+        return self.model.timer
+
+    def sync(self, committed: Sequence[int]) -> None:
+        """Roll the cache back to the longest prefix of ``committed[:-1]`` it holds."""
+        self.model.rollback(common_prefix(self.model.tokens, committed[:-1]))
+
+    def score(self, context: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """Raw logits after ``context`` and after each of ``tokens``: ``[len(tokens) + 1, V]``.
+
+        Row ``i`` is the distribution of the token following ``context + tokens[:i]``.
+        ``context`` must not be empty.
+        """
+        self.sync(context)
+        held = self.model.n_past
+        feed = [*context[held:], *tokens]
+        first = len(context) - 1 - held
+        return self.model.eval(feed, range(first, len(feed)), chunk=self.model.cfg.verify_batch)
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token the tier has just been scored up to; return the next row ``[V]``."""
+        return self.model.eval([token], [0], chunk=self.model.cfg.verify_batch)[0]
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Evaluate ``prompt[:-1]`` without asking for logits (prompt processing)."""
+        self.sync(prompt)
+        held = self.model.n_past
+        if held < len(prompt) - 1:
+            self.model.eval(prompt[held:-1])
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.vocab.is_eog(token)
+
+    def close(self) -> None:
+        self.model.close()
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The loaded tiers. ``draft`` is a model tier, :data:`~pyramid_gguf.ladder.NGRAM`, or None."""
+
+    target: ModelTier
+    qualifier: ModelTier | None = None
+    draft: ModelTier | NGram | None = None
+
+    @property
+    def models(self) -> list[ModelTier]:
+        """The loaded models, smallest first."""
+        return [t for t in (self.draft, self.qualifier, self.target) if isinstance(t, ModelTier)]
+
+    @property
+    def n_tiers(self) -> int:
+        return sum(t is not None for t in (self.draft, self.qualifier, self.target))
+
+    @property
+    def tier_names(self) -> list[str]:
+        """Names of the tiers present (``ngram`` for the n-gram drafter), smallest first."""
+        out = []
+        for t in (self.draft, self.qualifier, self.target):
+            if isinstance(t, ModelTier):
+                out.append(t.name)
+            elif isinstance(t, NGram):
+                out.append(str(t))
+        return out
+
+    def close(self) -> None:
+        for m in self.models:
+            m.close()
+
+
+def load_ladder(
+    paths: LadderPaths, load: LoadConfig, tier_loads: Mapping[str, LoadConfig] | None = None
+) -> Ladder:
+    """Load every model file of ``paths`` (all checked before any is loaded) and check that
+    they share one vocabulary. ``tier_loads`` overrides ``load`` per tier (a memory plan)."""
+    files = {tier: check_gguf_path(p) for tier, p in paths.model_files().items()}
+    models: dict[str, NativeModel] = {}
+    try:
+        for tier in sorted(files, key=("target", "qualifier", "draft").index):
+            models[tier] = NativeModel(files[tier], (tier_loads or {}).get(tier, load))
+        check_same_vocabulary(list(models.values()))
+    except BaseException:
+        for m in models.values():
+            m.close()
+        raise
+    tiers = {t: ModelTier(t, m) for t, m in models.items()}
+    draft: ModelTier | NGram | None = NGRAM if paths.ngram else tiers.get("draft")
+    return Ladder(tiers["target"], tiers.get("qualifier"), draft)

@@ -1,0 +1,85 @@
+"""What a ladder is made of, before anything is loaded: its tier names and its files.
+
+:data:`TIERS` is the one list of tier names. A :class:`LadderPaths` says which GGUF file
+(or the n-gram drafter, :data:`NGRAM`) fills each tier; presets resolve to one, the CLI builds
+one from ``--draft/--qualifier/--target``, and the memory planner, ``tune`` and the loader
+take one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+#: Tier names, smallest first (also the planner's placement order).
+TIERS: Final = ("draft", "qualifier", "target")
+
+
+class NGram:
+    """The n-gram (prompt lookup) drafter in the draft tier's place: no model file."""
+
+    _instance: NGram | None = None
+
+    def __new__(cls) -> NGram:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NGRAM"
+
+    def __str__(self) -> str:
+        return "ngram"
+
+
+#: The one :class:`NGram` value; ``--draft ngram`` on the command line.
+NGRAM: Final = NGram()
+
+
+def draft_source(value: str | Path | NGram | None) -> Path | NGram | None:
+    """A draft given by a user: ``"ngram"`` is the n-gram drafter, anything else a path."""
+    if value is None or isinstance(value, NGram):
+        return value
+    return NGRAM if str(value) == "ngram" else Path(value)
+
+
+@dataclass(frozen=True)
+class LadderPaths:
+    """The files of a ladder: a target, optionally a qualifier and a draft (or :data:`NGRAM`)."""
+
+    target: Path
+    qualifier: Path | None = None
+    draft: Path | NGram | None = None
+
+    @classmethod
+    def of(
+        cls,
+        target: str | Path,
+        qualifier: str | Path | None = None,
+        draft: str | Path | NGram | None = None,
+    ) -> LadderPaths:
+        """From user values (strings are paths; ``draft="ngram"`` is the n-gram drafter)."""
+        return cls(
+            Path(target), None if qualifier is None else Path(qualifier), draft_source(draft)
+        )
+
+    @property
+    def n_tiers(self) -> int:
+        """Tiers present: 1 (target), 2 (+ draft) or 3 (+ draft and qualifier)."""
+        if self.draft is None:
+            return 1
+        return 3 if self.qualifier is not None else 2
+
+    @property
+    def ngram(self) -> bool:
+        return isinstance(self.draft, NGram)
+
+    def get(self, tier: str) -> Path | NGram | None:
+        """The file (or drafter) of ``tier``."""
+        value: Path | NGram | None = getattr(self, tier)
+        return value
+
+    def model_files(self) -> dict[str, Path]:
+        """``{tier: path}`` of the tiers that are model files, smallest first."""
+        return {t: p for t in TIERS if isinstance(p := self.get(t), Path)}

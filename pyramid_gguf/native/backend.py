@@ -1,0 +1,78 @@
+"""Process-wide llama.cpp state: backend start-up, log sink, build and CPU facts, quantizing."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from ..errors import UserError
+
+_lock = threading.Lock()
+_ready = False
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
+    """llama.cpp log sink: silent unless PYRAMID_GGUF_VERBOSE is set."""
+    if os.environ.get("PYRAMID_GGUF_VERBOSE"):
+        print(text.decode("utf-8", errors="replace"), end="", flush=True)
+
+
+def init_backend() -> None:
+    """Start llama.cpp's backends once per process, logs routed to :func:`_quiet_log`."""
+    global _ready
+    with _lock:
+        if not _ready:
+            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _ready = True
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU advertises Intel AMX tiles (``amx_tile`` in /proc/cpuinfo)."""
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def system_info() -> str:
+    """llama.cpp's feature line (``CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | REPACK = 1 |``)."""
+    init_backend()
+    raw = llama_cpp.llama_print_system_info()
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def supports_gpu_offload() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU."""
+    init_backend()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def quantize(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: int, *, threads: int
+) -> None:
+    """``llama_model_quantize``, requantizing allowed; ``ftype`` is a ``LLAMA_FTYPE_*`` value."""
+    init_backend()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads
+    params.allow_requantize = True
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise UserError(f"llama.cpp could not quantize {src} (code {rc})")
+
+
+def ftype_names() -> dict[str, int]:
+    """Type names for :func:`quantize` (``Q4_0`` -> ``LLAMA_FTYPE_MOSTLY_Q4_0``)."""
+    prefix = "LLAMA_FTYPE_MOSTLY_"
+    return {
+        name[len(prefix) :]: int(getattr(llama_cpp, name))
+        for name in dir(llama_cpp)
+        if name.startswith(prefix)
+    }

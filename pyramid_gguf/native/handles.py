@@ -1,0 +1,174 @@
+"""Owners of llama.cpp's native objects: one class per resource, freed exactly once.
+
+:class:`ModelHandle` owns a ``llama_model``, :class:`ContextHandle` a ``llama_context``,
+:class:`BatchHandle` a ``llama_batch`` (llama-cpp-python's ``_internals`` layering). Each
+frees its pointer in :meth:`close` (idempotent) and, as a last resort, when collected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+from gguf import GGMLQuantizationType
+
+from ..config import KV_TYPES, LoadConfig
+from ..errors import ModelFileError, UserError
+from .backend import cpu_has_amx, init_backend, system_info
+
+#: KV cache type names -> ggml type ids (the gguf package's enum mirrors ggml's).
+_GGML_TYPES: dict[str, int] = {name: int(GGMLQuantizationType[name.upper()]) for name in KV_TYPES}
+
+
+def build_has_amx_kernels() -> bool:
+    """Whether this llama.cpp build places weights in an AMX buffer on this CPU.
+
+    With the llama.cpp bundled in llama-cpp-python 0.3.36, any batched ``llama_decode`` over
+    weights in that buffer crashes with SIGSEGV (llama.cpp issue #20824; plain
+    ``llama_cpp.Llama`` too). A build without AMX kernels (README: "CPUs with Intel AMX")
+    keeps the fast repacked CPU kernels and is safe.
+    """
+    return cpu_has_amx() and "AMX_INT8 = 1" in system_info()
+
+
+def use_extra_buffers(cfg: LoadConfig) -> bool:
+    """llama.cpp's extra weight buffers (CPU repacking): on unless the AMX kernels would crash."""
+    if cfg.extra_buffers is not None:
+        return cfg.extra_buffers
+    return not build_has_amx_kernels()
+
+
+class ModelHandle:
+    """A loaded ``llama_model`` and what it knows about itself."""
+
+    def __init__(self, path: Path, cfg: LoadConfig) -> None:
+        init_backend()
+        self.path = path
+        self.ptr: Any = None
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0x7FFFFFFF if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        params.use_extra_bufts = use_extra_buffers(cfg)
+        ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not ptr:
+            raise ModelFileError(f"llama.cpp could not load {path} (truncated or corrupt GGUF?)")
+        self.ptr = ptr
+        self.vocab_ptr = llama_cpp.llama_model_get_vocab(ptr)
+        self._meta: dict[str, str] | None = None
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None):
+            self.close()
+
+    @property
+    def n_layer(self) -> int:
+        return int(llama_cpp.llama_model_n_layer(self.ptr))
+
+    def cache_kind(self) -> str | None:
+        """Why a suffix of this model's KV cache cannot simply be dropped, or None."""
+        if llama_cpp.llama_model_is_recurrent(self.ptr):
+            return "recurrent"
+        if llama_cpp.llama_model_is_hybrid(self.ptr):
+            return "hybrid"
+        if llama_cpp.llama_model_n_swa(self.ptr) > 0:
+            return "sliding-window"
+        return None
+
+    def metadata(self) -> dict[str, str]:
+        """GGUF key/value metadata as strings (arrays are summarised by llama.cpp)."""
+        if self._meta is None:
+            meta: dict[str, str] = {}
+            n = llama_cpp.llama_model_meta_count(self.ptr)
+            key = ctypes.create_string_buffer(256)
+            for i in range(n):
+                llama_cpp.llama_model_meta_key_by_index(self.ptr, i, key, 256)
+                size = llama_cpp.llama_model_meta_val_str_by_index(self.ptr, i, None, 0)
+                val = ctypes.create_string_buffer(max(size, 0) + 1)
+                llama_cpp.llama_model_meta_val_str_by_index(self.ptr, i, val, len(val))
+                meta[key.value.decode("utf-8", "replace")] = val.value.decode("utf-8", "replace")
+            self._meta = meta
+        return self._meta
+
+    def chat_template(self) -> str | None:
+        """The GGUF's ``tokenizer.chat_template``, or None."""
+        raw = llama_cpp.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8") if raw else None
+
+
+class ContextHandle:
+    """A ``llama_context`` with one sequence, created from a model and a :class:`LoadConfig`."""
+
+    def __init__(self, model: ModelHandle, cfg: LoadConfig) -> None:
+        self.ptr: Any = None
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = cfg.n_ctx
+        params.n_batch = cfg.n_batch
+        params.n_ubatch = cfg.n_batch
+        params.n_seq_max = 1
+        params.n_threads = cfg.n_threads
+        params.n_threads_batch = cfg.n_threads_batch
+        params.type_k = _GGML_TYPES[cfg.type_k]
+        params.type_v = _GGML_TYPES[cfg.type_v]
+        params.no_perf = True
+        params.flash_attn_type = {
+            None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[cfg.flash_attn]
+        ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise UserError(
+                f"llama.cpp could not create a context for {model.path.name} "
+                f"(n_ctx={cfg.n_ctx}; out of memory or unsupported KV cache type?)"
+            )
+        self.ptr = ptr
+        self.memory = llama_cpp.llama_get_memory(ptr)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
+        self.n_batch = int(llama_cpp.llama_n_batch(ptr))
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None):
+            self.close()
+
+
+class BatchHandle:
+    """A ``llama_batch`` of up to ``capacity`` tokens of one sequence."""
+
+    SEQ = 0
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.ptr: Any = llama_cpp.llama_batch_init(capacity, 0, 1)
+
+    def fill(self, tokens: Sequence[int], first_pos: int, outputs: Sequence[int]) -> None:
+        """Put ``tokens`` at positions ``first_pos...``, asking for logits at ``outputs``."""
+        b = self.ptr
+        flags = set(outputs)
+        for j, tok in enumerate(tokens):
+            b.token[j] = int(tok)
+            b.pos[j] = first_pos + j
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = self.SEQ
+            b.logits[j] = 1 if j in flags else 0
+        b.n_tokens = len(tokens)
+
+    def close(self) -> None:
+        if self.ptr is not None:
+            llama_cpp.llama_batch_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None) is not None:
+            self.close()

@@ -1,0 +1,69 @@
+"""A model's vocabulary: tokenizing, token bytes and texts, special tokens.
+
+:class:`Vocab` borrows the ``llama_vocab`` pointer of a :class:`~.handles.ModelHandle` (the
+model owns and frees it), so it lives no longer than its model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp
+
+
+class Vocab:
+    """Tokenizer and token facts of one loaded model."""
+
+    def __init__(self, vocab_ptr: Any) -> None:
+        self._ptr = vocab_ptr
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab_ptr))
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        """Token ids of ``text``; ``add_special`` adds BOS where the model asks for it."""
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(
+            self._ptr, data, len(data), buf, cap, add_special, parse_special
+        )
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(
+                self._ptr, data, len(data), buf, cap, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes one token renders to (control tokens render empty unless ``special``)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._ptr, int(token), buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._ptr, int(token), buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens`` (invalid UTF-8 replaced)."""
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's stored text of a token (what the vocabulary check compares)."""
+        raw = llama_cpp.llama_vocab_get_text(self._ptr, int(token))
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation (EOS, EOT, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._ptr, int(token)))
+
+    @property
+    def bos(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self._ptr))
+
+    @property
+    def eos(self) -> int:
+        return int(llama_cpp.llama_vocab_eos(self._ptr))

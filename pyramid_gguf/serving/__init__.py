@@ -1,0 +1,2 @@
+"""Serving: the :class:`~.api.Pyramid` Python API, streaming text, OpenAI-shaped bodies and the
+OpenAI-compatible HTTP server."""

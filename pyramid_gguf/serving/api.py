@@ -1,0 +1,263 @@
+"""The Python API: :class:`Pyramid` loads a ladder once and generates with any mode.
+
+Layered like mlx-lm: :func:`pyramid_gguf.decoding.engine.decode` yields token ids;
+:meth:`Pyramid.stream` wraps them in small :class:`Response` objects (text delta, token ids,
+finish reason, running stats); :meth:`Pyramid.generate` joins the stream; the OpenAI-shaped
+methods wrap ``generate`` with the builders of :mod:`.openai`.
+
+>>> with Pyramid.from_paths("8b.gguf", draft="1b.gguf", qualifier="3b.gguf") as p:  # doctest: +SKIP
+...     print(p.generate("def fib(n):", SamplingConfig(temperature=0)).text)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import LoadConfig, SamplingConfig, SpecConfig, default_mode
+from ..decoding.engine import check_ladder, decode
+from ..decoding.sampling import Sampler
+from ..decoding.stats import GenerationStats
+from ..decoding.tiers import Ladder, load_ladder
+from ..errors import UserError
+from ..ladder import LadderPaths, NGram
+from ..native import format_chat
+from .openai import ResponseShape
+from .textstream import TextStream
+
+Prompt = str | Sequence[int]
+
+
+@dataclass(frozen=True)
+class Response:
+    """One step of a stream: the new text and tokens, and the running stats."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished generation."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: GenerationStats
+    prompt_tokens: int = 0
+
+
+class Pyramid:
+    """A loaded ladder (target, optional qualifier, optional draft or the n-gram drafter).
+
+    Generation is serialised: one request at a time holds the models (a lock), so one object
+    can be shared by threads (the server queues in front of it).
+    """
+
+    def __init__(self, ladder: Ladder, spec: SpecConfig, name: str = "pyramid") -> None:
+        check_ladder(spec, ladder)
+        self.ladder = ladder
+        self.spec = spec
+        self.name = name
+        self._lock = threading.Lock()
+
+    # --- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        paths: LadderPaths,
+        *,
+        load: LoadConfig | None = None,
+        spec: SpecConfig | None = None,
+        name: str | None = None,
+        tier_loads: Mapping[str, LoadConfig] | None = None,
+    ) -> Pyramid:
+        """Load the models of ``paths`` (all checked before any is loaded), check that they
+        share one vocabulary, and default ``spec`` to the lossless mode for the ladder.
+
+        ``tier_loads`` overrides ``load`` per tier (``draft``/``qualifier``/``target``), as a
+        memory plan does.
+        """
+        ladder = load_ladder(paths, load or LoadConfig(), tier_loads)
+        try:
+            return cls(
+                ladder,
+                spec or SpecConfig(mode=default_mode(ladder.n_tiers)),
+                name or paths.target.stem,
+            )
+        except BaseException:
+            ladder.close()
+            raise
+
+    @classmethod
+    def from_paths(
+        cls,
+        target: str | Path,
+        *,
+        draft: str | Path | NGram | None = None,
+        qualifier: str | Path | None = None,
+        load: LoadConfig | None = None,
+        spec: SpecConfig | None = None,
+        name: str | None = None,
+    ) -> Pyramid:
+        """:meth:`load` from file names (``draft="ngram"`` is the n-gram drafter)."""
+        paths = LadderPaths.of(target, qualifier, draft)
+        return cls.load(paths, load=load, spec=spec, name=name)
+
+    @classmethod
+    def from_preset(
+        cls, preset: str, *, load: LoadConfig | None = None, spec: SpecConfig | None = None
+    ) -> Pyramid:
+        """Load a ``models.toml`` preset, fetching what is missing first."""
+        from ..models.presets import resolve_preset
+
+        r = resolve_preset(preset)
+        return cls.load(r.paths, load=load, spec=spec or r.spec, name=preset)
+
+    def close(self) -> None:
+        self.ladder.close()
+
+    def __enter__(self) -> Pyramid:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` (BOS added where the model asks for it, specials parsed)."""
+        return self.ladder.target.vocab.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.ladder.target.vocab.detokenize(tokens)
+
+    def is_eog(self, token: int) -> bool:
+        """Whether ``token`` ends generation (EOS, EOT, ...)."""
+        return self.ladder.target.is_eog(token)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The target GGUF's ``tokenizer.chat_template``, or None."""
+        return self.ladder.target.model.chat_template()
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], chat_template: str | None = None
+    ) -> str:
+        """The prompt text of a chat, from the target GGUF's ``tokenizer.chat_template``."""
+        template = chat_template or self.chat_template
+        target = self.ladder.target
+        if template is None:
+            raise UserError(
+                f"{target.model.path.name} has no chat template (tokenizer.chat_template); "
+                "pass --chat-format / chat_template, or send a plain prompt"
+            )
+        vocab = target.vocab
+        return format_chat(
+            template,
+            messages,
+            bos_token=vocab.token_text(vocab.bos),
+            eos_token=vocab.token_text(vocab.eos),
+        )
+
+    def chat_tokens(
+        self, messages: list[dict[str, Any]], chat_template: str | None = None
+    ) -> list[int]:
+        """Token ids of a templated chat (BOS once, special tokens parsed)."""
+        tokens = self.tokenize(self.apply_chat_template(messages, chat_template))
+        bos = self.ladder.target.vocab.bos
+        if len(tokens) > 1 and tokens[0] == bos and tokens[1] == bos:
+            tokens = tokens[1:]
+        return tokens
+
+    # --- generation ------------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: Prompt,
+        sampling: SamplingConfig | None = None,
+        spec: SpecConfig | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Response]:
+        """Yield :class:`Response` steps; the last one carries the finish reason.
+
+        ``prompt``: text (tokenized with BOS, special tokens parsed) or token ids. Text never
+        contains half a UTF-8 character nor any part of a stop string. Setting ``cancel`` ends
+        the generation at the next token with finish reason ``cancelled``.
+        """
+        sampling = sampling or SamplingConfig()
+        spec = spec or self.spec
+        check_ladder(spec, self.ladder)
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        stats = GenerationStats(mode=spec.mode)
+        text = TextStream(sampling.stop)
+        vocab = self.ladder.target.vocab
+        with self._lock:
+            steps = decode(self.ladder, tokens, spec, Sampler(sampling), stats)
+            try:
+                for token in steps:
+                    delta = text.feed(vocab.token_bytes(token))
+                    if text.stopped:
+                        stats.finish_reason = "stop"
+                        if delta:
+                            yield Response(delta, [token], None, stats)
+                        break
+                    yield Response(delta, [token], None, stats)
+                    if cancel is not None and cancel.is_set():
+                        stats.finish_reason = "cancelled"
+                        break
+            finally:
+                steps.close()
+        yield Response(text.flush(), [], stats.finish_reason or "length", stats)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        sampling: SamplingConfig | None = None,
+        spec: SpecConfig | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Completion:
+        """Generate to the end and return the joined :class:`Completion`."""
+        texts: list[str] = []
+        ids: list[int] = []
+        last: Response | None = None
+        for last in self.stream(prompt, sampling, spec, cancel=cancel):
+            texts.append(last.text)
+            ids += last.token_ids
+        assert last is not None
+        return Completion(
+            "".join(texts),
+            ids,
+            last.finish_reason or "length",
+            last.stats,
+            prompt_tokens=last.stats.prompt_tokens,
+        )
+
+    # --- OpenAI-shaped results (like llama-cpp-python's) -----------------------------------
+
+    def create_completion(
+        self, prompt: Prompt, sampling: SamplingConfig | None = None, spec: SpecConfig | None = None
+    ) -> dict[str, Any]:
+        """A ``text_completion`` dict with ``usage`` and a ``timings`` extra."""
+        c = self.generate(prompt, sampling, spec)
+        return ResponseShape(chat=False, model=self.name).full(c.text, c.finish_reason, c.stats)
+
+    def create_chat_completion(
+        self,
+        messages: list[dict[str, Any]],
+        sampling: SamplingConfig | None = None,
+        spec: SpecConfig | None = None,
+        *,
+        chat_template: str | None = None,
+    ) -> dict[str, Any]:
+        """A ``chat.completion`` dict with ``usage`` and a ``timings`` extra."""
+        c = self.generate(self.chat_tokens(messages, chat_template), sampling, spec)
+        return ResponseShape(chat=True, model=self.name).full(c.text, c.finish_reason, c.stats)

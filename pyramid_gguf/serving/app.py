@@ -1,0 +1,162 @@
+"""The OpenAI-compatible HTTP app over one loaded :class:`~pyramid_gguf.serving.api.Pyramid`.
+
+``create_app(pyramid, settings)`` returns a FastAPI app with ``GET /health``,
+``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed as
+server-sent events when ``stream`` is true). Bodies come from :mod:`.openai`, requests are
+parsed by :mod:`.schemas`, generations run through the bounded queue of :mod:`.jobs`, and every
+error is answered in OpenAI's shape (:mod:`.http_errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response as HTTPResponse
+
+from .api import Prompt, Pyramid, Response
+from .http_errors import ApiKeyMiddleware, error_of, install_error_handlers
+from .jobs import ClientGone, Job, JobQueue, Work
+from .openai import ResponseShape
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .settings import ServerSettings
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+async def _events(job: Job, first: Response, shape: ResponseShape) -> AsyncGenerator[str, None]:
+    """The SSE body; leaving early (client gone) cancels the generation."""
+    try:
+        if shape.chat:
+            yield _sse(shape.chunk("", role=True))
+        step: Response | None = first
+        while step is not None:
+            if step.finish_reason is not None:
+                yield _sse(shape.final_chunk(step.text, step.finish_reason, step.stats))
+                if shape.include_usage:
+                    yield _sse(shape.usage_chunk(step.stats))
+            elif step.text:
+                yield _sse(shape.chunk(step.text))
+            step = await job.next()
+    except Exception as e:  # an error after the headers went out: report it in the stream
+        yield _sse(error_of(e).body())
+    finally:
+        job.cancel.set()  # no-op once finished; stops the worker if the client left
+    yield _sse("[DONE]")
+
+
+def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``pyramid`` (which the caller keeps and closes)."""
+    settings = settings or ServerSettings()
+    queue = JobQueue(settings.queue_size)
+    model_name = settings.model_name or pyramid.name
+    base_spec = settings.spec or pyramid.spec
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(queue.close)
+
+    app = FastAPI(title="pyramid-gguf", lifespan=lifespan)
+    app.state.queue = queue
+    app.state.pyramid = pyramid
+    install_error_handlers(app)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "model": model_name,
+            "mode": base_spec.mode,
+            "in_flight": queue.in_flight,
+            "queue_size": queue.queue_size,
+            "completed": queue.completed,
+            "cancelled": queue.cancelled,
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        tiers = pyramid.ladder.tier_names
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "pyramid-gguf",
+            "meta": {"mode": base_spec.mode, "tiers": tiers},
+        }
+        return {"object": "list", "data": [card]}
+
+    async def serve(
+        request: Request, body: GenerationRequest, shape: ResponseShape, work: Work
+    ) -> HTTPResponse:
+        job = queue.submit(work)
+        try:
+            first = await job.next_watching(request)
+        except ClientGone:
+            return HTTPResponse(status_code=499)
+        except BaseException:
+            job.cancel.set()
+            raise
+        assert first is not None
+        if body.stream:
+            return StreamingResponse(
+                _events(job, first, shape),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _collect(request, job, first, shape)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
+        sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
+        prompt: Prompt = body.prompt  # type: ignore[assignment]
+
+        def work(cancel: threading.Event) -> Iterator[Response]:
+            return pyramid.stream(prompt, sampling, spec, cancel=cancel)
+
+        shape = ResponseShape(chat=False, model=model_name, include_usage=body.include_usage)
+        return await serve(request, body, shape, work)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
+        sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
+        messages = [m.as_dict() for m in body.messages]
+
+        def work(cancel: threading.Event) -> Iterator[Response]:
+            tokens = pyramid.chat_tokens(messages, settings.chat_template)
+            return pyramid.stream(tokens, sampling, spec, cancel=cancel)
+
+        shape = ResponseShape(chat=True, model=model_name, include_usage=body.include_usage)
+        return await serve(request, body, shape, work)
+
+    return app
+
+
+async def _collect(
+    request: Request, job: Job, first: Response, shape: ResponseShape
+) -> HTTPResponse:
+    """Join a whole generation into one JSON body (cancelled if the client leaves)."""
+    texts: list[str] = []
+    step: Response | None = first
+    last = first
+    try:
+        while step is not None:
+            texts.append(step.text)
+            last = step
+            step = await job.next_watching(request)
+    except ClientGone:
+        return HTTPResponse(status_code=499)
+    finally:
+        job.cancel.set()
+    return JSONResponse(shape.full("".join(texts), last.finish_reason, last.stats))

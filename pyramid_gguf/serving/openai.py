@@ -1,0 +1,108 @@
+"""OpenAI-shaped response bodies: the one builder of completion and chat completion objects.
+
+:class:`ResponseShape` knows the id, model and kind (text or chat) of one response and builds
+its whole body or its streamed chunks; :func:`usage` and :func:`timings` (llama-server names,
+per-stage ``draft_n`` / ``draft_n_accepted``) are attached to both. The Python API
+(:meth:`~pyramid_gguf.serving.api.Pyramid.create_completion`) and the HTTP server use it alike.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..decoding.stats import GenerationStats
+
+
+def finish_reason(reason: str | None) -> str:
+    """OpenAI's finish reason of ours (``stop``; anything else ends by ``length``)."""
+    return "stop" if reason == "stop" else "length"
+
+
+def usage(stats: GenerationStats) -> dict[str, int]:
+    """OpenAI ``usage`` of a generation."""
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+    }
+
+
+def timings(stats: GenerationStats) -> dict[str, Any]:
+    """llama-server style ``timings``, with per-stage ``draft_n`` / ``draft_n_accepted``."""
+    return {
+        "prompt_n": stats.prompt_tokens,
+        "prompt_ms": round(stats.prompt_seconds * 1000, 2),
+        "prompt_per_second": round(stats.prompt_tps, 2),
+        "predicted_n": stats.generated_tokens,
+        "predicted_ms": round(stats.generation_seconds * 1000, 2),
+        "predicted_per_second": round(stats.generation_tps, 2),
+        "draft_n": sum(s.draft_n for s in stats.stages),
+        "draft_n_accepted": sum(s.draft_n_accepted for s in stats.stages),
+        "mode": stats.mode,
+        "stages": [s.to_dict() for s in stats.stages],
+    }
+
+
+@dataclass
+class ResponseShape:
+    """Ids and kind of one response, and how its chunks look."""
+
+    chat: bool
+    model: str
+    include_usage: bool = False
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def chunk(
+        self, text: str | None, finish: str | None = None, *, role: bool = False
+    ) -> dict[str, Any]:
+        """One streamed chunk: a text delta, the role (chat's first), or the finish reason."""
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return self._envelope("text_completion", [choice])
+
+    def usage_chunk(self, stats: GenerationStats) -> dict[str, Any]:
+        """The last chunk when ``stream_options.include_usage``: no choices, only usage."""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._envelope(obj, []) | {"usage": usage(stats)}
+
+    def final_chunk(self, text: str, reason: str | None, stats: GenerationStats) -> dict[str, Any]:
+        """The streamed chunk with the finish reason (and the last text), plus ``timings``."""
+        chunk = self.chunk((text or None) if self.chat else text, finish_reason(reason))
+        return chunk | {"timings": timings(stats)}
+
+    def full(self, text: str, reason: str | None, stats: GenerationStats) -> dict[str, Any]:
+        """A non-streamed response with ``usage`` and ``timings``."""
+        finish = finish_reason(reason)
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return self._envelope(obj, [choice]) | {"usage": usage(stats), "timings": timings(stats)}
