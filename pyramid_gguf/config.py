@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from .errors import UserError
@@ -38,6 +39,12 @@ KV_TYPES: tuple[KvType, ...] = (
 )
 
 
+def cache_home() -> Path:
+    """Where pyramid-gguf keeps models, tuned configs and cost curves: ``$PYRAMID_GGUF_HOME``,
+    default ``~/.cache/pyramid-gguf``."""
+    return Path(os.environ.get("PYRAMID_GGUF_HOME") or "~/.cache/pyramid-gguf").expanduser()
+
+
 def default_threads() -> int:
     """All cores: llama-cpp-python's own default (`cpu_count // 2`) leaves half the CPU idle."""
     return max(1, os.cpu_count() or 1)
@@ -59,15 +66,14 @@ class LoadConfig:
     flash_attn: bool | None = None
     type_k: KvType = "f16"
     type_v: KvType = "f16"
-    #: Largest micro-batch of a generation-time evaluation (verification, drafting); 0: no
-    #: limit. llama.cpp's CPU backend switches matrix kernels at 8 tokens (CUDA too, MMVQ ->
-    #: MMQ) and the two round differently (up to ~0.7 logits on a Q4_K_M 1.5B), so a
-    #: verification batch of 8+ tokens could flip a near-tie that one-token target decoding
-    #: would not. 7 keeps every mode token-identical to target decoding at temperature 0;
-    #: 0 is faster on GPUs. Prompt processing is never split.
-    verify_batch: int = 7
-    #: llama.cpp's extra weight buffers (AMX, CPU repacking). None: on, except on CPUs with
-    #: AMX, whose batched kernels crash in llama-cpp-python 0.3.36 (see native.py).
+    #: Split the target's verification batches into micro-batches whose logits are
+    #: bit-identical to one-token decoding on this machine (found by a probe, cached with the
+    #: cost curve), so greedy output equals ``target`` exactly; costs what batching saves.
+    #: Off: one batch per verification, and greedy text may differ from ``target`` only at
+    #: floating-point near-ties (docs/ALGORITHMS.md, "What lossless means").
+    strict_identity: bool = False
+    #: llama.cpp's extra weight buffers (CPU repacking, AMX). None: on, unless this llama.cpp
+    #: build has the AMX kernels that crash on batched decodes (native/handles.py).
     extra_buffers: bool | None = None
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
@@ -75,8 +81,6 @@ class LoadConfig:
     def __post_init__(self) -> None:
         if self.n_ctx < 16:
             raise UserError(f"--ctx-size must be at least 16, got {self.n_ctx}")
-        if self.verify_batch < 0:
-            raise UserError(f"--verify-batch must be >= 0, got {self.verify_batch}")
         if self.n_batch < 1:
             raise UserError(f"--batch-size must be positive, got {self.n_batch}")
         if self.n_threads < 1 or self.n_threads_batch < 1:
@@ -127,6 +131,7 @@ class SamplingConfig:
 class SpecConfig:
     """Decoding mode and speculative knobs (docs/ALGORITHMS.md; :data:`SPEC_KNOBS` lists them).
 
+    ``mode``: ``auto`` (the default) picks a chain and a block size each round.
     ``l_d``: tokens the bottom proposer drafts per stage-1 verification.
     ``l_q``: tokens the qualifier buffers before the target verifies (three tiers only).
     ``tau_q`` / ``tau_t``: fuzzy thresholds of the stage ending at the qualifier / target;
@@ -135,7 +140,7 @@ class SpecConfig:
     ``greedy-match`` swaps speculative sampling for llama.cpp's token matching (comparison).
     """
 
-    mode: Mode = "psd-exact"
+    mode: Mode = "auto"
     l_d: int = 4
     l_q: int = 8
     tau_q: float = 0.4
@@ -145,6 +150,12 @@ class SpecConfig:
     p_min: float = 0.0
     #: Rule of the lossless stages: speculative sampling, or llama.cpp's token matching.
     exact_rule: ExactRule = "exact"
+    #: Shortest suffix match the n-gram drafter proposes from.
+    ngram_min: int = 3
+    #: ``auto``: most tokens proposed to the target in one round.
+    max_block: int = 16
+    #: ``auto``: may also pick lossy chains (fuzzy rules with ``tau_q`` / ``tau_t``).
+    allow_lossy: bool = False
 
     def __post_init__(self) -> None:
         if self.exact_rule not in EXACT_RULES:
@@ -166,6 +177,10 @@ class SpecConfig:
             raise UserError(f"--l-q must be at least 1, got {self.l_q}")
         if not 0 <= self.p_min < 1:
             raise UserError(f"--p-min must be in [0, 1), got {self.p_min}")
+        if self.ngram_min < 2:
+            raise UserError(f"--ngram-min must be at least 2, got {self.ngram_min}")
+        if self.max_block < 1:
+            raise UserError(f"--max-block must be at least 1, got {self.max_block}")
 
     @property
     def info(self) -> ModeInfo:
@@ -174,16 +189,12 @@ class SpecConfig:
 
     @property
     def lossless(self) -> bool:
-        return self.info.lossless
+        """Output distributed exactly as the target's."""
+        return self.info.lossless and not (self.info.auto and self.allow_lossy)
 
     def with_(self, **changes: object) -> SpecConfig:
         """A copy with some fields replaced (validated again)."""
         return replace(self, **changes)  # type: ignore[arg-type]
-
-
-def default_mode(n_tiers: int) -> Mode:
-    """Lossless default for a ladder of ``n_tiers`` models: target, sd, psd-exact."""
-    return {1: "target", 2: "sd"}.get(n_tiers, "psd-exact")  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,10 @@ class Knob:
 
     def check(self, value: object, where: str) -> object:
         """``value`` if it has this knob's type (ints pass as floats), else a :class:`UserError`."""
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise UserError(f"{where}: expected true or false, got {value!r}")
+            return value
         if isinstance(value, bool) or not isinstance(value, (self.type, int)):
             raise UserError(f"{where}: expected {self.type.__name__}, got {value!r}")
         if isinstance(value, int) and self.type is not int:
@@ -219,6 +234,12 @@ class Knob:
 
     def from_text(self, text: str, where: str) -> object:
         """A value typed on a command line (``--sweep l_d=2,4``)."""
+        if self.type is bool:
+            flag = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+            value = flag.get(text.strip().lower())
+            if value is None:
+                raise UserError(f"{where}: {text.strip()!r} is not true or false")
+            return value
         try:
             value = self.type(text.strip())
         except ValueError:
@@ -238,5 +259,8 @@ SPEC_KNOBS: tuple[Knob, ...] = (
     Knob("fuzzy_variant", str, "reducible or pure (the FSD paper).", choices=FUZZY_VARIANTS),
     Knob("p_min", float, "Stop drafting when the draft's top probability falls under this."),
     Knob("exact_rule", str, "Rule of the lossless stages.", choices=EXACT_RULES),
+    Knob("ngram_min", int, "Shortest suffix match the n-gram drafter proposes from."),
+    Knob("max_block", int, "auto: most tokens proposed to the target per round."),
+    Knob("allow_lossy", bool, "auto: may also pick lossy (fuzzy) chains."),
 )
 KNOBS: dict[str, Knob] = {k.name: k for k in SPEC_KNOBS}

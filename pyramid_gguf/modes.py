@@ -12,7 +12,7 @@ from typing import Literal
 
 from .errors import UserError
 
-Mode = Literal["target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]
+Mode = Literal["auto", "target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]
 #: A stage's acceptance rule family: exact (speculative sampling or greedy-match) or fuzzy.
 RuleFamily = Literal["exact", "fuzzy"]
 
@@ -23,23 +23,26 @@ class ModeInfo:
 
     ``stage1``: the rule of the draft -> qualifier stage (None without a qualifier).
     ``top``: the rule of the stage that ends at the target (None for plain decoding).
+    ``auto``: the cost-aware scheduler, which runs one of the fixed chains each round.
     """
 
     name: Mode
     summary: str
     stage1: RuleFamily | None = None
     top: RuleFamily | None = None
+    auto: bool = False
 
     @property
     def n_tiers(self) -> int:
         """Models (or the n-gram drafter) the mode needs, the target included."""
-        if self.top is None:
+        if self.auto or self.top is None:
             return 1
         return 3 if self.stage1 is not None else 2
 
     @property
     def lossless(self) -> bool:
-        """Output distributed exactly as the target's."""
+        """Output distributed exactly as the target's (``auto``: unless lossy chains are
+        allowed, see :attr:`~pyramid_gguf.config.SpecConfig.lossless`)."""
         return "fuzzy" not in (self.stage1, self.top)
 
     @property
@@ -49,9 +52,14 @@ class ModeInfo:
     @property
     def knobs(self) -> frozenset[str]:
         """The :class:`~pyramid_gguf.config.SpecConfig` fields this mode reads."""
+        if self.auto:
+            return frozenset(
+                {"max_block", "ngram_min", "allow_lossy", "exact_rule", "tau_q", "tau_t"}
+                | {"divergence", "fuzzy_variant"}
+            )
         out: set[str] = set()
         if self.n_tiers >= 2:
-            out |= {"l_d", "p_min"}
+            out |= {"l_d", "p_min", "ngram_min"}
         if self.n_tiers == 3:
             out.add("l_q")
         if self.stage1 == "fuzzy":
@@ -68,6 +76,8 @@ class ModeInfo:
 MODES: dict[str, ModeInfo] = {
     m.name: m
     for m in (
+        ModeInfo("auto", "picks the fastest chain and block size each round (cost model)",
+                 auto=True),
         ModeInfo("target", "plain autoregressive decoding of the target"),
         ModeInfo("sd", "speculative decoding: the draft proposes to the target", top="exact"),
         ModeInfo("fsd", "fuzzy speculative decoding, draft -> target", top="fuzzy"),

@@ -1,70 +1,71 @@
-"""Batch cost curve: how long one ``llama_decode`` of k tokens takes, for k = 1..16.
+"""Batch cost curve of any GGUF files: how long one ``llama_decode`` of k tokens takes.
 
 This is the number that decides whether speculation pays on a machine: verifying k proposals
-costs one batch of k + 1 tokens. On a GPU a batch costs about one token (memory bound); on a
-small CPU it costs nearly k + 1 tokens (compute bound).
+costs one batch of k + 1 tokens. ``pyramid-gguf calibrate`` measures the same curve for a
+loaded ladder (k = 1..16) and caches it for ``auto``; this script is for arbitrary files and
+longer batches (the GPU check uses k = 1..32), with JSON or CSV output to commit as data.
 
-    python scripts/batch_cost.py MODEL.gguf [MODEL.gguf ...] [--threads 2] [--ctx 100] [--json]
+    python scripts/batch_cost.py MODEL.gguf [MODEL.gguf ...] [--threads 2] [--max 32] \\
+        [--n-gpu-layers -1] [--json | --csv]
 
-Each point is the best of ``--repeats`` decodes after a ``--ctx``-token prefix, the cache
-rolled back between decodes.
+Each point is the best of ``--repeats`` decodes after a 48-token prefix, every logits row read
+(as a verification reads them), the cache rolled back between decodes.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
-import time
+import sys
 from pathlib import Path
 
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.native import NativeModel
+from pyramid_gguf.config import LoadConfig, default_threads
+from pyramid_gguf.decoding.calibrate import measure_curve
+from pyramid_gguf.native import NativeModel, build_id
 
-SIZES = (1, 2, 3, 4, 5, 7, 8, 12, 16)
-
-
-def batch_cost(path: Path, load: LoadConfig, prefix: int, repeats: int) -> dict[int, float]:
-    """Milliseconds per decode of k tokens after ``prefix`` tokens, best of ``repeats``."""
-    with NativeModel(path, load) as m:
-        m.eval(list(range(1000, 1000 + prefix)))
-        out = {}
-        for k in SIZES:
-            best = float("inf")
-            for _ in range(repeats):
-                m.rollback(prefix)
-                t0 = time.perf_counter()
-                m.eval(list(range(2000, 2000 + k)), [-1])
-                best = min(best, time.perf_counter() - t0)
-            out[k] = round(best * 1000, 1)
-    return out
+SHOWN = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+", type=Path)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--ctx", type=int, default=100, help="prefix tokens before each decode")
+    ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--max", type=int, default=16, help="largest batch timed")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--n-gpu-layers", type=int, default=-1)
-    ap.add_argument("--json", action="store_true")
+    out = ap.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true")
+    out.add_argument("--csv", action="store_true")
     args = ap.parse_args()
-    base = LoadConfig(n_ctx=max(512, args.ctx + 64), n_gpu_layers=args.n_gpu_layers)
-    threads = args.threads or base.n_threads
     load = LoadConfig(
-        n_ctx=base.n_ctx,
+        n_ctx=512,
         n_gpu_layers=args.n_gpu_layers,
-        n_threads=threads,
-        n_threads_batch=threads,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
     )
-    results = {str(p): batch_cost(p, load, args.ctx, args.repeats) for p in args.models}
+    sizes = tuple(sorted({*range(1, 9), *(k for k in SHOWN if k <= args.max), args.max}))
+    curves = {}
+    for path in args.models:
+        with NativeModel(path, load) as m:
+            curves[path.name] = measure_curve(m, sizes=sizes, repeats=args.repeats).seconds
     if args.json:
-        print(json.dumps(results, indent=2))
+        meta = {"build": build_id(), "threads": args.threads, "n_gpu_layers": args.n_gpu_layers}
+        ms = {name: [round(s * 1000, 3) for s in row] for name, row in curves.items()}
+        print(json.dumps({"meta": meta, "ms_per_decode": ms}, indent=2))
         return
-    print(f"{'model':<44}" + "".join(f"{k:>8}" for k in SIZES) + "   (ms per decode of k tokens)")
-    for path, row in results.items():
-        one = row[1]
-        print(f"{Path(path).name[:43]:<44}" + "".join(f"{row[k]:>8}" for k in SIZES))
-        print(f"{'  relative to one token':<44}" + "".join(f"{row[k] / one:>8.2f}" for k in SIZES))
+    if args.csv:
+        w = csv.writer(sys.stdout)
+        w.writerow(["model", "k", "ms"])
+        for name, row in curves.items():
+            w.writerows([name, k, round(s * 1000, 3)] for k, s in enumerate(row, start=1))
+        return
+    shown = [k for k in SHOWN if k <= args.max]
+    print(f"{'model':<44}" + "".join(f"{k:>8}" for k in shown) + "   (ms per decode of k tokens)")
+    for name, row in curves.items():
+        print(f"{name[:43]:<44}" + "".join(f"{row[k - 1] * 1000:>8.1f}" for k in shown))
+        rel = "".join(f"{row[k - 1] / row[0]:>8.2f}" for k in shown)
+        print(f"{'  relative to one token':<44}" + rel)
 
 
 if __name__ == "__main__":

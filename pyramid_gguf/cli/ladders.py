@@ -2,7 +2,7 @@
 
 :func:`resolve_ladder` finds the files (a preset, fetched if missing, or the given paths) and
 the base :class:`~pyramid_gguf.config.SpecConfig` (what ``tune`` saved for this ladder, else
-the preset's recommendation, else the lossless default); :func:`load_pyramid` loads them,
+the preset's recommendation, else ``auto``); :func:`load_pyramid` loads them,
 applying a ``--vram`` memory plan when asked.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import LoadConfig, SpecConfig, default_mode
+from ..config import LoadConfig, SpecConfig
 from ..ladder import LadderPaths
 from ..serving.api import Pyramid
 from .options import LadderArgs
@@ -36,7 +36,7 @@ def resolve_ladder(args: LadderArgs) -> Resolved:
         resolved = Resolved(r.name, r.paths, r.spec)
     else:
         paths = args.paths
-        resolved = Resolved(paths.target.stem, paths, SpecConfig(mode=default_mode(paths.n_tiers)))
+        resolved = Resolved(paths.target.stem, paths, SpecConfig())
     tuned = load_tuned(resolved.paths)
     return resolved if tuned is None else Resolved(resolved.name, resolved.paths, tuned)
 

@@ -31,7 +31,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import bench, models, plan, run, serve, tune
+    from . import bench, calibrate, models, plan, run, serve, tune
 
     main.add_command(run.run)
     main.add_command(models.models)
@@ -40,6 +40,7 @@ def _register() -> None:
     main.add_command(plan.plan)
     main.add_command(bench.bench)
     main.add_command(tune.tune)
+    main.add_command(calibrate.calibrate)
     main.add_command(serve.serve)
 
 

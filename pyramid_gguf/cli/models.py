@@ -24,7 +24,7 @@ def _size(n: int | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_models(as_json: bool) -> None:
     """Presets, their tiers, and which files are present locally."""
-    from ..models.fetch import cache_home
+    from ..config import cache_home
     from ..models.presets import describe, preset_names
     from ..models.registry import get_preset
 

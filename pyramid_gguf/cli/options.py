@@ -127,13 +127,10 @@ def ladder_options(f: F) -> F:
             cache_type_k_option,
             cache_type_v_option,
             click.option(
-                "--verify-batch",
-                type=int,
-                default=7,
-                show_default=True,
-                help="Largest micro-batch while generating; 7 keeps lossless modes "
-                "token-identical to target decoding (llama.cpp switches kernels at 8), "
-                "0 = one llama_decode per verification (faster on GPUs).",
+                "--strict-identity",
+                is_flag=True,
+                help="Greedy output bit-identical to target decoding on this machine: "
+                "verifications in the micro-batches a probe finds exact (slower).",
             ),
             click.option(
                 "--vram",
@@ -233,7 +230,7 @@ def load_config_from(params: dict[str, Any]) -> LoadConfig:
         flash_attn=params["flash_attn"],
         type_k=params["type_k"],
         type_v=params["type_v"],
-        verify_batch=params.get("verify_batch", 7),
+        strict_identity=bool(params.get("strict_identity")),
     )
 
 

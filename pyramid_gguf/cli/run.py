@@ -101,10 +101,12 @@ def run(
         else:
             tokens = pyramid.tokenize(text)
         pieces: list[str] = []
+        ids: list[int] = []
         finish = "length"
         last = None
         for last in pyramid.stream(tokens, sampling, spec):
             pieces.append(last.text)
+            ids += last.token_ids
             if not as_json and last.text:
                 click.echo(last.text, nl=False)
                 sys.stdout.flush()
@@ -116,6 +118,7 @@ def run(
                 json.dumps(
                     {
                         "text": "".join(pieces),
+                        "tokens": ids,
                         "finish_reason": finish,
                         "model": pyramid.name,
                         "stats": stats.to_dict(),
@@ -140,3 +143,5 @@ def run(
                     err=True,
                 )
             click.echo(f"  scheduler: {stats.scheduler_seconds:.3f} s", err=True)
+            for line in stats.auto.details() if stats.auto is not None else []:
+                click.echo(f"  {line}", err=True)

@@ -1,29 +1,42 @@
-"""Proposers: a model draft, an n-gram (prompt lookup) draft, and a qualified stage.
+"""Model proposers: a draft model, and a qualified stage (a lower proposer checked by a model).
 
-All three implement :class:`~pyramid_gguf.protocol.Proposer`. A :class:`QualifiedProposer`
-wraps a lower proposer and a verifier model: it repeats "lower proposes, verifier checks in one
-batch" until it holds ``block_len`` qualified tokens, and offers them upward with the verifier's
-distributions as ``q``. That is the pyramid's middle tier, and nothing else knows it exists.
+Both implement :class:`~.protocol.Proposer` (the n-gram drafter, :mod:`.ngram`, is the third).
+A :class:`QualifiedProposer` wraps a lower proposer and a verifier model: it repeats "lower
+proposes, verifier checks in one batch" until it holds ``block_len`` qualified tokens, and offers
+them upward with the verifier's distributions as ``q``. That is the pyramid's middle tier, and
+nothing else knows it exists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from .protocol import Block, Proposer
-from .sampling import Sampler, softmax
+from .sampling import Sampler
 from .stage import StageRule, verify
 from .stats import StageStats
 from .tiers import ModelTier
+
+#: Decides whether the next drafted token joins the block, from the draft's top
+#: probabilities (temperature-1 softmax) of the block so far, the candidate's last.
+Admit = Callable[[list[float]], bool]
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The largest temperature-1 softmax probability of one row ``[V]``."""
+    z = np.asarray(logits, dtype=np.float64)
+    return float(1.0 / np.exp(z - z.max()).sum())
 
 
 class DraftProposer:
     """A small model drafting autoregressively with the shared sampler.
 
-    Stops early at end-of-generation, or when ``p_min > 0`` and the draft's top probability
-    (temperature-1 softmax) falls under it.
+    Stops early at end-of-generation, or when ``admit`` refuses the next token: by default
+    when ``p_min > 0`` and the draft's top probability (temperature-1 softmax) falls under it;
+    ``auto`` passes a cost-aware rule. The decision depends on the draft alone, so the
+    verification stays lossless.
     """
 
     def __init__(
@@ -33,12 +46,15 @@ class DraftProposer:
         sampler: Sampler,
         *,
         p_min: float = 0.0,
+        admit: Admit | None = None,
     ) -> None:
         self.name = tier.name
         self.tier = tier
         self.length = length
         self.sampler = sampler
-        self.p_min = p_min
+        self.admit: Admit = admit or (lambda tops: tops[-1] >= p_min)
+        #: Top probabilities of the last proposed block, ``[k]``.
+        self.top_probs: list[float] = []
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Block:
         k = min(self.length, max_tokens)
@@ -47,9 +63,12 @@ class DraftProposer:
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         zs: list[np.ndarray] = []
+        tops: list[float] = []
         z = self.tier.score(context, [])[0]
         while True:
-            if self.p_min > 0 and softmax(z).max() < self.p_min:
+            tops.append(top_probability(z))
+            if not self.admit(tops):
+                tops.pop()
                 break
             q = self.sampler.warp(z)
             y = self.sampler.sample(q)
@@ -59,51 +78,13 @@ class DraftProposer:
             if len(tokens) == k or self.tier.is_eog(y):
                 break
             z = self.tier.step(y)
+        self.top_probs = tops
         if not tokens:
             return Block([], None, None)
         return Block(tokens, np.stack(qs), np.stack(zs))
 
     def sync(self, committed: Sequence[int]) -> None:
         self.tier.sync(committed)
-
-
-class NGramProposer:
-    """Prompt lookup: find the latest earlier occurrence of the context's last n-gram and
-    propose what followed it. Costs no model evaluation; proposals are deterministic.
-    """
-
-    name = "ngram"
-
-    def __init__(self, length: int, *, max_ngram: int = 4, min_ngram: int = 1) -> None:
-        self.length = length
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
-
-    def propose(self, context: Sequence[int], max_tokens: int) -> Block:
-        k = min(self.length, max_tokens)
-        return Block(lookup(context, k, self.max_ngram, self.min_ngram), None, None)
-
-    def sync(self, committed: Sequence[int]) -> None:
-        return None
-
-
-def lookup(context: Sequence[int], k: int, max_ngram: int = 4, min_ngram: int = 1) -> list[int]:
-    """Up to ``k`` tokens that followed the latest earlier match of ``context``'s suffix.
-
-    Tries the longest suffix n-gram first (``max_ngram`` down to ``min_ngram``).
-    """
-    if k <= 0:
-        return []
-    seq = np.asarray(context, dtype=np.int64)
-    n_ctx = len(seq)
-    for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
-        pattern = seq[n_ctx - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(seq[: n_ctx - 1], n)
-        hits = np.flatnonzero((windows == pattern).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            return [int(t) for t in seq[start : start + k]]
-    return []
 
 
 class QualifiedProposer:
@@ -120,7 +101,10 @@ class QualifiedProposer:
         block_len: int,
         sampler: Sampler,
         stats: StageStats,
+        *,
+        observe: Callable[[int, int], None] | None = None,
     ) -> None:
+        self.observe = observe
         self.name = verifier.name
         self.lower = lower
         self.verifier = verifier
@@ -138,6 +122,8 @@ class QualifiedProposer:
         while len(tokens) < want:
             block = self.lower.propose(ctx, want - len(tokens))
             v = verify(self.verifier, ctx, block, self.rule, self.sampler, self.stats)
+            if self.observe is not None:
+                self.observe(len(block), v.n_accepted)
             tokens += v.tokens
             ps.append(v.p)
             zs.append(v.logits)

@@ -78,6 +78,73 @@ class TierStats:
 
 
 @dataclass
+class ChoiceStats:
+    """How often ``auto`` ran one chain in a generation, and what it got."""
+
+    chain: str
+    rounds: int = 0
+    #: Tokens proposed to the target over those rounds, and tokens they committed.
+    proposed: int = 0
+    committed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "chain": self.chain,
+            "rounds": self.rounds,
+            "proposed": self.proposed,
+            "committed": self.committed,
+        }
+
+
+@dataclass
+class AutoStats:
+    """What ``auto`` chose in a generation and why.
+
+    ``choices``: rounds per chain. ``outlook``: each chain's best predicted speedup over
+    plain decoding at its last evaluation (cost curves x learned acceptance), the reason
+    behind the choices.
+    """
+
+    choices: dict[str, ChoiceStats] = field(default_factory=dict)
+    outlook: dict[str, float] = field(default_factory=dict)
+
+    def record(self, chain: str, proposed: int, committed: int) -> None:
+        c = self.choices.setdefault(chain, ChoiceStats(chain))
+        c.rounds += 1
+        c.proposed += proposed
+        c.committed += committed
+
+    def summary(self) -> str:
+        """``auto ngram 12 rounds (k 3.1) target 40 rounds``, most used first."""
+        parts = []
+        for c in sorted(self.choices.values(), key=lambda c: -c.rounds):
+            k = f" (k {c.proposed / c.rounds:.1f})" if c.proposed else ""
+            parts.append(f"{c.chain} {c.rounds}{k}")
+        return "auto: " + ", ".join(parts) + " rounds"
+
+    def details(self) -> list[str]:
+        """``-v`` lines: each chain's rounds and yield, and the predicted speedups behind them."""
+        lines = []
+        for c in sorted(self.choices.values(), key=lambda c: -c.rounds):
+            per_round = c.committed / c.rounds if c.rounds else 0.0
+            lines.append(
+                f"auto: {c.chain}: {c.rounds} rounds, {c.proposed} proposed, "
+                f"{c.committed} committed ({per_round:.2f} per round)"
+            )
+        outlook = ", ".join(
+            f"{k} {v:.2f}x" for k, v in sorted(self.outlook.items(), key=lambda kv: -kv[1])
+        )
+        lines.append(f"auto: predicted speedup over target: {outlook or 'no chain to try'}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "choices": [c.to_dict() for c in self.choices.values()],
+            "outlook": {k: round(v, 3) for k, v in self.outlook.items()},
+        }
+
+
+@dataclass
 class GenerationStats:
     """Everything measured about one generation."""
 
@@ -93,6 +160,8 @@ class GenerationStats:
     generation_seconds: float = 0.0
     stages: list[StageStats] = field(default_factory=list)
     tiers: list[TierStats] = field(default_factory=list)
+    #: ``auto`` only: the chains it chose.
+    auto: AutoStats | None = None
 
     @property
     def prompt_tps(self) -> float:
@@ -136,6 +205,7 @@ class GenerationStats:
             "scheduler_seconds": round(self.scheduler_seconds, 4),
             "stages": [s.to_dict() for s in self.stages],
             "tiers": [t.to_dict() for t in self.tiers],
+            **({"auto": self.auto.to_dict()} if self.auto is not None else {}),
         }
 
     def summary(self) -> str:
@@ -149,4 +219,6 @@ class GenerationStats:
             f"{s.name} {s.draft_n_accepted}/{s.draft_n} ({100 * s.acceptance_rate:.0f}%)"
             for s in self.stages
         ]
+        if self.auto is not None and self.auto.choices:
+            parts.append(self.auto.summary())
         return " | ".join(parts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 
@@ -38,6 +39,9 @@ class ModelTier:
     def __init__(self, name: str, model: NativeModel) -> None:
         self.name = name
         self.model = model
+        #: Largest micro-batch of a generation-time evaluation; 0: one batch. Set by
+        #: ``--strict-identity`` to the size whose logits equal one-token decoding.
+        self.chunk = 0
 
     @property
     def vocab(self) -> Vocab:
@@ -70,18 +74,34 @@ class ModelTier:
         held = self.model.n_past
         feed = [*context[held:], *tokens]
         first = len(context) - 1 - held
-        return self.model.eval(feed, range(first, len(feed)), chunk=self.model.cfg.verify_batch)
+        return self.model.eval(feed, range(first, len(feed)), chunk=self.chunk)
 
     def step(self, token: int) -> np.ndarray:
         """Append one token the tier has just been scored up to; return the next row ``[V]``."""
-        return self.model.eval([token], [0], chunk=self.model.cfg.verify_batch)[0]
+        return self.model.eval([token], [0])[0]
 
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Evaluate ``prompt[:-1]`` without asking for logits (prompt processing)."""
-        self.sync(prompt)
-        held = self.model.n_past
-        if held < len(prompt) - 1:
-            self.model.eval(prompt[held:-1])
+    def lag(self, committed: Sequence[int]) -> int:
+        """Committed tokens this tier would have to evaluate before it could propose."""
+        return max(len(committed) - 1 - self.model.n_past, 0)
+
+    @overload
+    def prefill(self, prompt: Sequence[int], *, logits: Literal[True]) -> np.ndarray: ...
+
+    @overload
+    def prefill(self, prompt: Sequence[int], *, logits: Literal[False] = ...) -> None: ...
+
+    def prefill(self, prompt: Sequence[int], *, logits: bool = False) -> np.ndarray | None:
+        """Evaluate the prompt as llama.cpp does (one batch, or ``n_batch`` chunks) and, with
+        ``logits``, return the row after its last token ``[V]`` (the first token's
+        distribution). Whatever prefix the cache already holds is reused."""
+        held = common_prefix(self.model.tokens, prompt)
+        if logits and held == len(prompt):
+            held -= 1  # the last token's row is needed, so evaluate it again
+        self.model.rollback(held)
+        if held >= len(prompt):
+            return None
+        rows = self.model.eval(prompt[held:], [-1] if logits else ())
+        return rows[0] if logits else None
 
     def is_eog(self, token: int) -> bool:
         return self.model.vocab.is_eog(token)

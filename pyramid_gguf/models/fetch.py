@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from ..config import cache_home
 from ..errors import UserError
 from .registry import Tier
 
@@ -33,11 +34,6 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def cache_home() -> Path:
-    """``$PYRAMID_GGUF_HOME``, default ``~/.cache/pyramid-gguf``."""
-    return Path(os.environ.get("PYRAMID_GGUF_HOME") or "~/.cache/pyramid-gguf").expanduser()
 
 
 def models_dir() -> Path:

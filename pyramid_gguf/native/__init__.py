@@ -7,7 +7,14 @@
 - :mod:`.vocab`: tokenizer and special tokens. :mod:`.chat`: chat templates.
 """
 
-from .backend import cpu_has_amx, ftype_names, quantize, supports_gpu_offload, system_info
+from .backend import (
+    build_id,
+    cpu_has_amx,
+    ftype_names,
+    quantize,
+    supports_gpu_offload,
+    system_info,
+)
 from .chat import format_chat
 from .handles import build_has_amx_kernels
 from .model import EvalTimer, NativeModel
@@ -18,6 +25,7 @@ __all__ = [
     "NativeModel",
     "Vocab",
     "build_has_amx_kernels",
+    "build_id",
     "cpu_has_amx",
     "format_chat",
     "ftype_names",

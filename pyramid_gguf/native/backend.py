@@ -48,6 +48,11 @@ def system_info() -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
+def build_id() -> str:
+    """Which llama.cpp this is: llama-cpp-python's version and the build's feature line."""
+    return f"llama-cpp-python {llama_cpp.__version__}; {system_info().strip()}"
+
+
 def supports_gpu_offload() -> bool:
     """Whether this llama.cpp build can offload layers to a GPU."""
     init_backend()

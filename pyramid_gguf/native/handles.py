@@ -50,7 +50,8 @@ class ModelHandle:
         self.ptr: Any = None
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
-        params.use_extra_bufts = use_extra_buffers(cfg)
+        self.extra_buffers = use_extra_buffers(cfg)
+        params.use_extra_bufts = self.extra_buffers
         ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not ptr:
             raise ModelFileError(f"llama.cpp could not load {path} (truncated or corrupt GGUF?)")

@@ -49,6 +49,8 @@ class NativeModel:
             self._model.close()
             raise
         self._batch = BatchHandle(self._ctx.n_batch)
+        #: Whether llama.cpp's extra weight buffers (CPU repacking) are in use.
+        self.extra_buffers = self._model.extra_buffers
         self.vocab = Vocab(self._model.vocab_ptr)
         self.n_vocab = self.vocab.n_vocab
         self.n_ctx = self._ctx.n_ctx

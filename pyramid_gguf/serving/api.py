@@ -12,13 +12,17 @@ methods wrap ``generate`` with the builders of :mod:`.openai`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import LoadConfig, SamplingConfig, SpecConfig, default_mode
-from ..decoding.engine import check_ladder, decode
+from ..config import LoadConfig, SamplingConfig, SpecConfig
+from ..decoding.calibrate import Calibration, calibrate
+from ..decoding.costs import CostCurve
+from ..decoding.engine import decode, make_rounds
+from ..decoding.ngram import NGramPool
+from ..decoding.rounds import check_ladder
 from ..decoding.sampling import Sampler
 from ..decoding.stats import GenerationStats
 from ..decoding.tiers import Ladder, load_ladder
@@ -56,14 +60,24 @@ class Pyramid:
     """A loaded ladder (target, optional qualifier, optional draft or the n-gram drafter).
 
     Generation is serialised: one request at a time holds the models (a lock), so one object
-    can be shared by threads (the server queues in front of it).
+    can be shared by threads (the server queues in front of it). ``share_ngrams``: the n-gram
+    drafter also searches this object's earlier generations (the server turns it on).
     """
 
-    def __init__(self, ladder: Ladder, spec: SpecConfig, name: str = "pyramid") -> None:
+    def __init__(
+        self,
+        ladder: Ladder,
+        spec: SpecConfig,
+        name: str = "pyramid",
+        *,
+        share_ngrams: bool = False,
+    ) -> None:
         check_ladder(spec, ladder)
         self.ladder = ladder
         self.spec = spec
         self.name = name
+        self.pool = NGramPool() if share_ngrams else None
+        self._calibration: dict[str, Calibration] | None = None
         self._lock = threading.Lock()
 
     # --- construction ----------------------------------------------------------------------
@@ -77,9 +91,10 @@ class Pyramid:
         spec: SpecConfig | None = None,
         name: str | None = None,
         tier_loads: Mapping[str, LoadConfig] | None = None,
+        share_ngrams: bool = False,
     ) -> Pyramid:
         """Load the models of ``paths`` (all checked before any is loaded), check that they
-        share one vocabulary, and default ``spec`` to the lossless mode for the ladder.
+        share one vocabulary; ``spec`` defaults to ``auto``.
 
         ``tier_loads`` overrides ``load`` per tier (``draft``/``qualifier``/``target``), as a
         memory plan does.
@@ -87,9 +102,7 @@ class Pyramid:
         ladder = load_ladder(paths, load or LoadConfig(), tier_loads)
         try:
             return cls(
-                ladder,
-                spec or SpecConfig(mode=default_mode(ladder.n_tiers)),
-                name or paths.target.stem,
+                ladder, spec or SpecConfig(), name or paths.target.stem, share_ngrams=share_ngrams
             )
         except BaseException:
             ladder.close()
@@ -122,6 +135,34 @@ class Pyramid:
 
     def close(self) -> None:
         self.ladder.close()
+
+    # --- the machine -----------------------------------------------------------------------
+
+    def calibrate(
+        self, *, refresh: bool = False, say: Callable[[str], None] | None = None
+    ) -> dict[str, Calibration]:
+        """Each tier's batch cost curve (and, with ``strict_identity``, the target's identity
+        probe), measured once per machine and cached; ``refresh`` measures again."""
+        with self._lock:
+            return self._calibrate(refresh, say)
+
+    def _calibrate(
+        self, refresh: bool, say: Callable[[str], None] | None
+    ) -> dict[str, Calibration]:
+        if self._calibration is None or refresh:
+            out = {}
+            for tier in self.ladder.models:
+                strict = tier is self.ladder.target and tier.model.cfg.strict_identity
+                out[tier.name] = cal = calibrate(tier, probe=strict, refresh=refresh, say=say)
+                if strict:
+                    tier.chunk = cal.identity_batch or 1
+            self._calibration = out
+        return self._calibration
+
+    def costs(self) -> dict[str, CostCurve]:
+        """The cost curve of each tier as ``auto`` prices it (strict micro-batches included)."""
+        cal = self.calibrate()
+        return {t.name: cal[t.name].curve.with_chunk(t.chunk) for t in self.ladder.models}
 
     def __enter__(self) -> Pyramid:
         return self
@@ -199,10 +240,21 @@ class Pyramid:
         stats = GenerationStats(mode=spec.mode)
         text = TextStream(sampling.stop)
         vocab = self.ladder.target.vocab
+        strict = self.ladder.target.model.cfg.strict_identity
+        generated: list[int] = []
         with self._lock:
-            steps = decode(self.ladder, tokens, spec, Sampler(sampling), stats)
+            costs = None
+            if spec.info.auto or strict:
+                cal = self._calibrate(False, None)
+                costs = {t.name: cal[t.name].curve.with_chunk(t.chunk) for t in self.ladder.models}
+            sampler = Sampler(sampling)
+            rounds, prefill = make_rounds(
+                self.ladder, spec, sampler, stats, costs=costs, pool=self.pool
+            )
+            steps = decode(self.ladder, tokens, rounds, prefill, sampler, stats)
             try:
                 for token in steps:
+                    generated.append(token)
                     delta = text.feed(vocab.token_bytes(token))
                     if text.stopped:
                         stats.finish_reason = "stop"
@@ -215,6 +267,8 @@ class Pyramid:
                         break
             finally:
                 steps.close()
+                if self.pool is not None:
+                    self.pool.add([*tokens, *generated])
         yield Response(text.flush(), [], stats.finish_reason or "length", stats)
 
     def generate(

@@ -1,0 +1,87 @@
+"""``pyramid-gguf calibrate``: measure this machine's batch costs for a ladder, and what they mean.
+
+Re-measures every tier's cost curve (``auto`` reads the cached one), probes batch identity with
+``--strict-identity``, and prints, for each chain, the keep rate its proposals need before
+speculation pays here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from ..config import SpecConfig
+from ..decoding import policy
+from ..decoding.costs import CostCurve
+from .ladders import load_pyramid, resolve_ladder
+from .options import LadderArgs, command, ladder_options
+
+SHOWN = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+
+
+def break_even(option: Any, plain: policy.Option) -> float | None:
+    """The smallest keep probability (to 0.01) at which ``option(keep)`` beats ``plain``."""
+    for i in range(1, 101):
+        o = option(i / 100)
+        if o is not None and o.rate >= policy.MIN_GAIN * plain.rate:
+            return i / 100
+    return None
+
+
+def chain_break_evens(costs: dict[str, CostCurve], max_k: int = 16) -> dict[str, float | None]:
+    """Per chain: the keep rate (every proposal alike) its proposals need to pay here."""
+    c_t = costs["target"]
+    plain = policy.plain(c_t, 0.0)
+    out: dict[str, float | None] = {
+        "ngram": break_even(lambda a: policy.ngram(c_t, a, a, max_k, max_k, 0.0), plain)
+    }
+    for name in ("draft", "qualifier"):
+        if name in costs:
+            c_m = costs[name]
+            out[name] = break_even(
+                lambda a, c=c_m, n=name: policy.draft(n, c_t, c, a, max_k, 0, 0.0), plain
+            )
+    if "draft" in costs and "qualifier" in costs:
+        c_q, c_d = costs["qualifier"], costs["draft"]
+        out["pyramid"] = break_even(
+            lambda a: policy.pyramid(c_t, c_q, c_d, a, a, max_k, (0, 0), 0.0), plain
+        )
+    return out
+
+
+@command()
+@ladder_options
+@click.option("--json", "as_json", is_flag=True, help="Print the curves as JSON.")
+def calibrate(as_json: bool, **params: Any) -> None:
+    """Measure batch costs of each tier on this machine (cached for `auto`).
+
+    Prints milliseconds per evaluation of n tokens and, per chain, the share of proposals the
+    target must keep before speculation beats plain decoding here.
+    """
+    args = LadderArgs.from_params(params)
+    resolved = resolve_ladder(args)
+    with load_pyramid(args, resolved, SpecConfig(mode="target")) as pyramid:
+        cals = pyramid.calibrate(refresh=True, say=lambda m: click.echo(m, err=True))
+        costs = pyramid.costs()
+    evens = chain_break_evens(costs)
+    if as_json:
+        doc = {
+            "ladder": resolved.name,
+            "tiers": {name: cal.to_dict() for name, cal in cals.items()},
+            "break_even_keep_rate": evens,
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    head = f"{'tier':<10}" + "".join(f"{n:>8}" for n in SHOWN)
+    click.echo(head + "   (ms per evaluation of n tokens; relative to one below)")
+    for name, cal in cals.items():
+        c = cal.curve
+        click.echo(f"{name:<10}" + "".join(f"{c(n) * 1000:>8.1f}" for n in SHOWN))
+        click.echo(f"{'':<10}" + "".join(f"{c(n) / c.one:>8.2f}" for n in SHOWN))
+        if cal.identity_batch is not None:
+            click.echo(f"{'':<10}batches up to {cal.identity_batch} are bit-identical here")
+    for chain, a in evens.items():
+        need = f"pays when {a:.0%} of proposals are kept" if a else "cannot pay on this machine"
+        click.echo(f"{chain + ':':<11}{need}")

@@ -1,0 +1,196 @@
+"""``auto``: each round, run the chain and block size with the most expected tokens per second.
+
+:class:`AutoRounds` scores every chain the ladder offers with :mod:`.policy` (the tiers' cost
+curves and the online acceptance estimates of :mod:`.estimates`), runs the best one with the
+same proposers and verification as the fixed modes, and learns from the outcome:
+
+- ``target``: plain decoding (also whenever nothing else pays);
+- ``ngram``: the n-gram drafter's continuation, sized by its match length;
+- ``draft`` / ``qualifier``: that model drafts for the target (``sd``), stopping early when
+  its confidence no longer pays for the verification;
+- ``pyramid``: draft -> qualifier -> target (``psd-exact``).
+
+Chains are lossless (exact rules) unless ``allow_lossy``, which makes the model chains use the
+fuzzy rules (``fsd``, ``psd-f`` with ``tau_t`` / ``tau_q``). Tiers other than the target are
+never prefilled: a model catches up on the committed text only if and when it is chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..config import SpecConfig
+from . import policy
+from .costs import CostCurve
+from .estimates import ChainAcceptance, NGramAcceptance
+from .ngram import Match, NGramDrafter, NGramPool
+from .policy import Option
+from .proposers import Admit, DraftProposer, QualifiedProposer
+from .protocol import Block
+from .sampling import Sampler
+from .stage import StageRule, verify
+from .stats import AutoStats, GenerationStats
+from .tiers import Ladder, ModelTier
+
+#: Python time per round outside llama.cpp, in seconds (warping, acceptance, bookkeeping).
+#: A constant, not a measurement, so that decisions (and with them a seeded run's samples)
+#: depend only on the cached cost curves and the tokens, never on timing noise.
+ROUND_OVERHEAD = 4e-4
+
+
+class AutoRounds:
+    """The ``auto`` scheduler of one generation (see the module docstring)."""
+
+    def __init__(
+        self,
+        ladder: Ladder,
+        spec: SpecConfig,
+        sampler: Sampler,
+        stats: GenerationStats,
+        costs: Mapping[str, CostCurve],
+        pool: NGramPool | None = None,
+    ) -> None:
+        self.ladder = ladder
+        self.spec = spec
+        self.sampler = sampler
+        self.stats = stats
+        self.costs = costs
+        self.target = ladder.target
+        self.drafter = NGramDrafter(pool)
+        self.ngram_keep = NGramAcceptance()
+        self.chain_keep = ChainAcceptance()
+        self.exact = StageRule(spec.exact_rule)
+        lossy = spec.allow_lossy
+        fuzzy = (spec.divergence, spec.fuzzy_variant)
+        self.top_rule = StageRule("fuzzy", spec.tau_t, *fuzzy) if lossy else self.exact
+        self.stage1_rule = StageRule("fuzzy", spec.tau_q, *fuzzy) if lossy else self.exact
+        #: Model tiers that can draft for the target, smallest first.
+        self.drafters = [t for t in (ladder.draft, ladder.qualifier) if isinstance(t, ModelTier)]
+        self.overhead = ROUND_OVERHEAD
+        self.auto = stats.auto = AutoStats()
+
+    # --- choosing --------------------------------------------------------------------------
+
+    def options(self, committed: Sequence[int], max_k: int, match: Match | None) -> list[Option]:
+        """Every chain at its best block size, plain decoding first."""
+        c_t = self.costs["target"]
+        out = [policy.plain(c_t, self.overhead)]
+        if match is not None and match.length >= self.spec.ngram_min:
+            first, after = self.ngram_keep.estimate(match.length)
+            n = len(match.continuation)
+            option = policy.ngram(c_t, first, after, n, max_k, self.overhead)
+            out += [option] if option else []
+        for m in self.drafters:
+            keep = self.chain_keep.rate(self._stage(m.name, "target"))
+            lag = m.lag(committed)
+            option = policy.draft(m.name, c_t, self.costs[m.name], keep, max_k, lag, self.overhead)
+            out += [option] if option else []
+        d, q = self.ladder.draft, self.ladder.qualifier
+        if isinstance(d, ModelTier) and q is not None:
+            option = policy.pyramid(
+                c_t,
+                self.costs["qualifier"],
+                self.costs["draft"],
+                self.chain_keep.rate(self._stage("draft", "qualifier")),
+                self.chain_keep.rate(self._stage("qualifier", "target")),
+                max_k,
+                (d.lag(committed), q.lag(committed)),
+                self.overhead,
+            )
+            out += [option] if option else []
+        return out
+
+    def _stage(self, lower: str, upper: str) -> str:
+        rule = self.top_rule if upper == "target" else self.stage1_rule
+        return f"{lower}{'~>' if rule.kind == 'fuzzy' else '->'}{upper}"
+
+    # --- running ---------------------------------------------------------------------------
+
+    def run(self, committed: list[int], room: int) -> list[int]:
+        max_k = min(self.spec.max_block, room - 1) if room > 1 else 0
+        match = self.drafter.lookup(committed, max_k) if max_k > 0 else None
+        options = self.options(committed, max_k, match) if max_k > 0 else []
+        base = options[0] if options else policy.plain(self.costs["target"], self.overhead)
+        choice = policy.choose(base, options[1:])
+        for o in options[1:]:
+            self.auto.outlook[o.chain] = o.rate / base.rate
+        new, proposed = self._execute(choice, committed, match)
+        self.auto.record(choice.chain, proposed, len(new))
+        return new
+
+    def _execute(
+        self, choice: Option, committed: list[int], match: Match | None
+    ) -> tuple[list[int], int]:
+        """Run ``choice``; the committed tokens and how many were proposed."""
+        if choice.chain == "target":
+            row = self.target.score(committed, [])[0]
+            return [self.sampler.sample(self.sampler.warp(row))], 0
+        if choice.chain == "ngram":
+            assert match is not None
+            block = Block(match.continuation[: choice.k], None, None)
+            v = verify(
+                self.target,
+                committed,
+                block,
+                self.exact,
+                self.sampler,
+                self.stats.stage("ngram->target"),
+            )
+            self.ngram_keep.record(match.length, len(block), v.n_accepted)
+            return v.tokens, len(block)
+        if choice.chain == "pyramid":
+            return self._pyramid(choice, committed)
+        tier = next(m for m in self.drafters if m.name == choice.chain)
+        proposer = DraftProposer(tier, choice.k, self.sampler, admit=self._admit(choice))
+        return self._verify_model_block(proposer, self._stage(tier.name, "target"), committed)
+
+    def _pyramid(self, choice: Option, committed: list[int]) -> tuple[list[int], int]:
+        draft, qualifier = self.ladder.draft, self.ladder.qualifier
+        assert isinstance(draft, ModelTier) and qualifier is not None
+        stage1 = self._stage("draft", "qualifier")
+
+        def observe(proposed: int, kept: int) -> None:
+            self.chain_keep.record(stage1, proposed, kept)
+
+        bottom = DraftProposer(draft, choice.l_d, self.sampler)
+        proposer = QualifiedProposer(
+            bottom,
+            qualifier,
+            self.stage1_rule,
+            choice.k,
+            self.sampler,
+            self.stats.stage(stage1),
+            observe=observe,
+        )
+        return self._verify_model_block(proposer, self._stage("qualifier", "target"), committed)
+
+    def _verify_model_block(
+        self, proposer: DraftProposer | QualifiedProposer, stage: str, committed: list[int]
+    ) -> tuple[list[int], int]:
+        block = proposer.propose(committed, self.spec.max_block)
+        v = verify(
+            self.target, committed, block, self.top_rule, self.sampler, self.stats.stage(stage)
+        )
+        self.chain_keep.record(stage, len(block), v.n_accepted)
+        if isinstance(proposer, DraftProposer) and proposer.top_probs:
+            self.chain_keep.record_confidence(proposer.top_probs, v.n_accepted)
+        return v.tokens, len(block)
+
+    def _admit(self, choice: Option) -> Admit:
+        """Propose one more drafted token while the expected tokens it adds (the chance that
+        it and every one before it are kept) pay for its share of the verification at the
+        rate the round was chosen for."""
+        c_t = self.costs["target"]
+        rate = choice.rate
+
+        def admit(tops: list[float]) -> bool:
+            n = len(tops)
+            reach = 1.0
+            for p in tops:
+                reach *= self.chain_keep.token(p)
+            return reach >= rate * (c_t(n + 1) - c_t(n))
+
+        return admit
+
+    def sync(self, committed: Sequence[int]) -> None:
+        """Nothing to do: each tier rolls back to the committed text when next used."""

@@ -1,0 +1,85 @@
+"""Batch cost curves: what one evaluation of ``n`` tokens costs a tier on this machine.
+
+The number that decides whether speculation pays: verifying ``k`` proposals costs one
+evaluation of ``k + 1`` tokens. On a GPU that is about one token (memory bound); on a small CPU
+it can be nearly ``k + 1`` tokens, with steps where llama.cpp changes kernels. Pure Python;
+measuring and caching live in :mod:`.calibrate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds of one evaluation of ``n`` tokens, ``seconds[n - 1]`` for ``n = 1..len``.
+
+    Beyond the measured sizes the curve grows linearly with the slope of its last quarter
+    (prompt-sized batches: cost per token settles). ``chunk > 0`` prices an evaluation split
+    into micro-batches of at most ``chunk`` tokens (``--strict-identity``).
+    """
+
+    seconds: tuple[float, ...]
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.seconds or any(not s > 0 for s in self.seconds):
+            raise ValueError(f"a cost curve needs positive timings, got {self.seconds}")
+
+    def __call__(self, n: int) -> float:
+        """Seconds for one evaluation of ``n`` tokens (0 for ``n <= 0``)."""
+        if n <= 0:
+            return 0.0
+        if self.chunk > 0 and n > self.chunk:
+            full, rest = divmod(n, self.chunk)
+            return full * self._raw(self.chunk) + self._raw(rest)
+        return self._raw(n)
+
+    def _raw(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        m = len(self.seconds)
+        if n <= m:
+            return self.seconds[n - 1]
+        lo = max(1, m - max(1, m // 4))
+        slope = (self.seconds[m - 1] - self.seconds[lo - 1]) / max(m - lo, 1)
+        return self.seconds[m - 1] + max(slope, 0.0) * (n - m)
+
+    @property
+    def one(self) -> float:
+        """Seconds of one single-token evaluation."""
+        return self.seconds[0]
+
+    def relative(self, sizes: Sequence[int] | None = None) -> list[float]:
+        """Cost of ``n`` tokens over the cost of one, for ``sizes`` (default: measured ones)."""
+        sizes = sizes if sizes is not None else range(1, len(self.seconds) + 1)
+        return [self(n) / self.one for n in sizes]
+
+    def with_chunk(self, chunk: int) -> CostCurve:
+        """The same curve, evaluated in micro-batches of at most ``chunk`` tokens."""
+        return CostCurve(self.seconds, chunk)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"seconds": [round(s, 6) for s in self.seconds], "chunk": self.chunk}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> CostCurve:
+        raw = data.get("seconds")
+        if not isinstance(raw, list):
+            raise ValueError("a cost curve needs a list of seconds")
+        chunk = data.get("chunk", 0)
+        return cls(tuple(float(s) for s in raw), int(chunk) if isinstance(chunk, int) else 0)
+
+    @classmethod
+    def shaped(cls, one: float, per_token: float, *, n: int = 16) -> CostCurve:
+        """A synthetic curve ``one + per_token * (n - 1)`` seconds (GPU-like for a small
+        ``per_token``, CPU-like for ``per_token`` near ``one``): for tests and planning."""
+        return cls(tuple(one + per_token * (k - 1) for k in range(1, n + 1)))
+
+
+def ratio(curve: CostCurve, n: int) -> float:
+    """``curve(n) / curve(1)``; ``inf`` for a degenerate curve."""
+    return curve(n) / curve.one if curve.one > 0 else math.inf

@@ -1,0 +1,115 @@
+"""Online estimates of how likely a proposed token is to be kept by its verifier.
+
+Each estimate is a Beta-Bernoulli mean (kept / tried, started from a prior worth a few
+observations), updated after every verification. Pure Python: no models here.
+
+- :class:`NGramAcceptance`: by the length of the suffix match behind the proposal, separately
+  for the first proposed token and for each token after a kept one (copying, once it starts,
+  tends to continue).
+- :class:`ChainAcceptance`: per model chain (``draft->target``, ``draft->qualifier``, ...),
+  one rate, and a calibration of the draft's own top probability as a per-token predictor.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Rate:
+    """A kept / tried estimate started from ``prior`` worth ``strength`` observations."""
+
+    kept: float
+    tried: float
+
+    @classmethod
+    def prior(cls, mean: float, strength: float = 4.0) -> Rate:
+        return cls(mean * strength, strength)
+
+    @property
+    def mean(self) -> float:
+        return self.kept / self.tried
+
+    def add(self, kept: float, tried: float) -> None:
+        self.kept += kept
+        self.tried += tried
+
+
+#: Lower bounds of the match-length buckets of :class:`NGramAcceptance`.
+MATCH_BUCKETS = (2, 3, 4, 6, 9, 16, 32)
+#: Prior keep probability of the first proposed token, per bucket: longer matches copy better.
+FIRST_PRIOR = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+#: Prior keep probability of a token after a kept one.
+NEXT_PRIOR = 0.75
+
+
+@dataclass
+class NGramAcceptance:
+    """Keep probabilities of n-gram proposals by match length."""
+
+    first: list[Rate] = field(default_factory=lambda: [Rate.prior(p) for p in FIRST_PRIOR])
+    after: list[Rate] = field(
+        default_factory=lambda: [Rate.prior(NEXT_PRIOR) for _ in MATCH_BUCKETS]
+    )
+
+    @staticmethod
+    def bucket(match_len: int) -> int:
+        return max(0, bisect.bisect_right(MATCH_BUCKETS, match_len) - 1)
+
+    def estimate(self, match_len: int) -> tuple[float, float]:
+        """``(first, next)``: keep probability of the first token and of each one after."""
+        b = self.bucket(match_len)
+        return self.first[b].mean, self.after[b].mean
+
+    def record(self, match_len: int, proposed: int, kept: int) -> None:
+        """One verification of ``proposed`` tokens from a match of ``match_len``: ``kept``."""
+        if proposed <= 0:
+            return
+        b = self.bucket(match_len)
+        self.first[b].add(int(kept > 0), 1)
+        if kept > 0:
+            tried_after = min(kept + 1, proposed) - 1  # tokens 2.. that were tested
+            self.after[b].add(kept - 1, tried_after)
+
+
+#: Prior keep rate of a model chain stage (same-family models agree on most tokens).
+CHAIN_PRIOR = 0.6
+
+
+@dataclass
+class ChainAcceptance:
+    """Per-stage keep rates of model chains, and the draft's confidence calibration.
+
+    ``calibration`` relates the draft's top probability to what the verifier keeps: the
+    expected keep probability of a drafted token is ``min(1, top_p * calibration)``.
+    """
+
+    rates: dict[str, Rate] = field(default_factory=dict)
+    confidence: Rate = field(default_factory=lambda: Rate(4.0, 4.0))
+    kept_seen: Rate = field(default_factory=lambda: Rate(4.0, 4.0))
+
+    def rate(self, stage: str) -> float:
+        return self.rates.setdefault(stage, Rate.prior(CHAIN_PRIOR)).mean
+
+    def record(self, stage: str, proposed: int, kept: int) -> None:
+        """One verification: ``kept`` of ``proposed`` tokens (the first refusal ends the
+        block, so ``kept + 1`` tokens were tested when ``kept < proposed``)."""
+        if proposed <= 0:
+            return
+        self.rates.setdefault(stage, Rate.prior(CHAIN_PRIOR)).add(kept, min(kept + 1, proposed))
+
+    def record_confidence(self, top_probs: list[float], kept: int) -> None:
+        """The draft's top probabilities of a verified block and how many were kept."""
+        tested = top_probs[: min(kept + 1, len(top_probs))]
+        self.confidence.add(sum(tested), len(tested))
+        self.kept_seen.add(kept, len(tested))
+
+    @property
+    def calibration(self) -> float:
+        """Observed keep rate over mean predicted top probability (1: well calibrated)."""
+        return self.kept_seen.mean / max(self.confidence.mean, 1e-6)
+
+    def token(self, top_p: float) -> float:
+        """Expected keep probability of one drafted token whose top probability is ``top_p``."""
+        return min(1.0, top_p * self.calibration)

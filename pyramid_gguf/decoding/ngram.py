@@ -1,0 +1,170 @@
+"""The n-gram drafter: proposes what followed the longest earlier match of the current suffix.
+
+Prompt lookup made selective. :class:`NGramIndex` indexes every position of a token sequence by
+the :data:`KEY` tokens ending there and grows as tokens are committed; :meth:`NGramIndex.match`
+finds the longest earlier occurrence of the sequence's suffix (ties: the most recent) and
+returns what followed it. A :class:`NGramPool` keeps finished sequences (earlier requests of a
+server) and is searched too. Longer matches are kept far more often by the verifier, so the
+match length travels with the proposal: ``auto`` sizes its block by it, fixed modes only
+require a minimum (``ngram_min``).
+
+Pure Python: no model evaluation, no ``llama_cpp``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .protocol import Block
+
+#: Tokens of the index key (also the shortest match ever found).
+KEY = 2
+#: Matches are measured up to this many tokens (longer ones are as good as certain).
+MAX_MATCH = 64
+#: Earlier occurrences of the key examined per lookup, newest first.
+MAX_CANDIDATES = 64
+
+
+@dataclass(frozen=True)
+class Match:
+    """A suffix match: ``length`` tokens matched, then the ``continuation`` that followed."""
+
+    length: int
+    continuation: list[int]
+
+
+class NGramIndex:
+    """Every position of a token sequence, keyed by the :data:`KEY` tokens ending there."""
+
+    def __init__(self, tokens: Sequence[int] = ()) -> None:
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` and index the new positions."""
+        seq = self.tokens
+        for t in tokens:
+            seq.append(int(t))
+            if len(seq) >= KEY:
+                self._ends.setdefault(tuple(seq[-KEY:]), []).append(len(seq) - 1)
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Make the index hold exactly ``context`` (extending it when it continues the
+        indexed tokens, rebuilding it otherwise)."""
+        n = len(self.tokens)
+        if len(context) >= n and list(context[:n]) == self.tokens:
+            self.extend(context[n:])
+        else:
+            self.tokens, self._ends = [], {}
+            self.extend(context)
+
+    def match(self, suffix: Sequence[int], max_tokens: int, *, skip_last: bool) -> Match | None:
+        """The longest earlier occurrence of ``suffix``'s tail in this sequence.
+
+        ``skip_last``: ``suffix`` is this sequence itself, so its own end is not a match.
+        Returns None when no occurrence of at least :data:`KEY` tokens has a continuation.
+        """
+        if len(suffix) < KEY or max_tokens < 1:
+            return None
+        ends = self._ends.get(tuple(suffix[-KEY:]))
+        if not ends:
+            return None
+        seq = self.tokens
+        best_len, best_end = 0, -1
+        examined = 0
+        for end in reversed(ends):
+            if skip_last and end >= len(seq) - 1:
+                continue
+            examined += 1
+            if examined > MAX_CANDIDATES:
+                break
+            n = KEY
+            limit = min(MAX_MATCH, end + 1, len(suffix))
+            while n < limit and seq[end - n] == suffix[-1 - n]:
+                n += 1
+            if n > best_len:
+                best_len, best_end = n, end
+                if n >= limit:
+                    break
+        if best_end < 0 or best_end + 1 >= len(seq):
+            return None
+        return Match(best_len, seq[best_end + 1 : best_end + 1 + max_tokens])
+
+
+class NGramPool:
+    """Finished sequences (earlier requests) searched by later ones; at most ``max_tokens``
+    tokens in all, oldest dropped first. Thread-safe."""
+
+    def __init__(self, max_tokens: int = 1 << 18) -> None:
+        self.max_tokens = max_tokens
+        self._docs: deque[NGramIndex] = deque()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def add(self, tokens: Sequence[int]) -> None:
+        if len(tokens) <= KEY:
+            return
+        doc = NGramIndex(tokens[-self.max_tokens :])
+        with self._lock:
+            self._docs.append(doc)
+            self._size += len(doc)
+            while self._size > self.max_tokens:
+                self._size -= len(self._docs.popleft())
+
+    def match(self, suffix: Sequence[int], max_tokens: int) -> Match | None:
+        with self._lock:
+            docs = list(self._docs)
+        best: Match | None = None
+        for doc in reversed(docs):  # newest first: it wins ties
+            m = doc.match(suffix, max_tokens, skip_last=False)
+            if m is not None and (best is None or m.length > best.length):
+                best = m
+        return best
+
+
+class NGramDrafter:
+    """Looks up the committed context (and an optional shared pool) for the best match."""
+
+    def __init__(self, pool: NGramPool | None = None) -> None:
+        self.index = NGramIndex()
+        self.pool = pool
+
+    def lookup(self, context: Sequence[int], max_tokens: int) -> Match | None:
+        """The longest match of ``context``'s suffix: in ``context`` itself, else in the pool
+        when the pool's is longer."""
+        self.index.sync(context)
+        own = self.index.match(context, max_tokens, skip_last=True)
+        if self.pool is None:
+            return own
+        pooled = self.pool.match(context, max_tokens)
+        if pooled is not None and (own is None or pooled.length > own.length):
+            return pooled
+        return own
+
+
+class NGramProposer:
+    """Prompt lookup as a :class:`~.protocol.Proposer` for the fixed modes: proposes up to
+    ``length`` tokens when the match is at least ``min_match`` tokens long."""
+
+    name = "ngram"
+
+    def __init__(self, length: int, *, min_match: int = KEY, pool: NGramPool | None = None):
+        self.length = length
+        self.min_match = max(min_match, KEY)
+        self.drafter = NGramDrafter(pool)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Block:
+        m = self.drafter.lookup(context, min(self.length, max_tokens))
+        if m is None or m.length < self.min_match:
+            return Block([], None, None)
+        return Block(m.continuation, None, None)
+
+    def sync(self, committed: Sequence[int]) -> None:
+        return None

@@ -1,0 +1,156 @@
+"""Every lossless mode is lossless, on tiny generated models (any CPU).
+
+- Distribution: the first two sampled tokens (the second is the first one a speculative round
+  decides) follow the target's own joint distribution, by a chi-square test over thousands of
+  seeds, for ``sd``, ``psd-exact`` (model and n-gram bottom), the greedy-match rule and
+  ``auto`` (priced as on a GPU, so that it really runs model chains). A power check shows the
+  same test rejects the draft's distribution.
+- Greedy: ``--strict-identity`` makes output bit-identical to ``target``; ``auto`` follows the
+  cost model (a small-CPU curve keeps it on plain decoding, a GPU curve makes it speculate)
+  and stays on target's tokens either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY_LOAD
+from lossless import TINY_TIE, assert_same_or_near_tie, generate, shaped_costs
+from test_acceptance import chi_square_pvalue
+
+from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf.decoding.sampling import warp
+from pyramid_gguf.decoding.tiers import ModelTier
+
+HOT = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4, ignore_eos=True)
+GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)
+PROMPT = "the model of the tree"
+SEEDS = 2500
+
+
+@pytest.fixture(scope="module")
+def pyramid(tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path) -> Iterator[Pyramid]:
+    with Pyramid.from_paths(
+        tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=TINY_LOAD
+    ) as p:
+        yield p
+
+
+def joint(tier: ModelTier, prompt: list[int]) -> np.ndarray:
+    """``p(t1, t2)`` of ``tier`` after ``prompt`` under :data:`HOT`, flattened ``[V * V]``."""
+    p1 = warp(tier.score(prompt, [])[0], HOT)
+    out = np.zeros((len(p1), len(p1)))
+    for t1 in np.flatnonzero(p1 > 1e-7):  # the rest cannot show up in a few thousand samples
+        out[t1] = p1[t1] * warp(tier.score([*prompt, int(t1)], [])[0], HOT)
+    tier.model.reset()
+    return (out / out.sum()).ravel()
+
+
+def pairs(run: object, n_vocab: int) -> np.ndarray:
+    firsts = np.array([run(seed)[:2] for seed in range(SEEDS)])  # type: ignore[operator]
+    return firsts[:, 0] * n_vocab + firsts[:, 1]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpecConfig(mode="sd", l_d=3),
+        SpecConfig(mode="psd-exact", l_d=2, l_q=3),
+        SpecConfig(mode="sd", l_d=3, exact_rule="greedy-match"),
+        SpecConfig(mode="auto"),
+    ],
+    ids=["sd", "psd-exact", "greedy-match", "auto"],
+)
+def test_sampled_tokens_follow_the_target_distribution(pyramid: Pyramid, spec: SpecConfig) -> None:
+    prompt = pyramid.tokenize(PROMPT)
+    gpu = shaped_costs(pyramid, per_token=0.02, draft=0.15)
+    seen: set[str] = set()
+
+    def run(seed: int) -> list[int]:
+        tokens, stats = generate(pyramid, prompt, spec, HOT.with_(seed=seed), gpu)
+        seen.update(s.name for s in stats.stages if s.verifications)
+        return tokens
+
+    sampled = pairs(run, pyramid.ladder.target.n_vocab)
+    assert seen, "no speculative round ran: the test would prove nothing"
+    assert chi_square_pvalue(sampled, joint(pyramid.ladder.target, prompt)) > 0.001
+    # Power: the draft's distribution is rejected by the same test on the same samples.
+    draft = pyramid.ladder.draft
+    assert isinstance(draft, ModelTier)
+    assert chi_square_pvalue(sampled, joint(draft, prompt)) < 1e-4
+
+
+def test_ngram_bottom_pyramid_follows_the_target_distribution(
+    tiny_target: Path, tiny_qualifier: Path
+) -> None:
+    with Pyramid.from_paths(
+        tiny_target, draft="ngram", qualifier=tiny_qualifier, load=TINY_LOAD
+    ) as p:
+        prompt = p.tokenize("the tree the tree the tree the")
+        spec = SpecConfig(mode="psd-exact", l_d=2, l_q=3, ngram_min=2)
+
+        def run(seed: int) -> list[int]:
+            return p.generate(prompt, HOT.with_(seed=seed), spec).token_ids
+
+        sampled = pairs(run, p.ladder.target.n_vocab)
+        assert chi_square_pvalue(sampled, joint(p.ladder.target, prompt)) > 0.001
+
+
+@pytest.mark.parametrize("mode", ["sd", "psd-exact", "auto"])
+def test_strict_identity_is_bit_identical_to_target(
+    tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path, mode: str
+) -> None:
+    load = replace(TINY_LOAD, strict_identity=True)
+    with Pyramid.from_paths(
+        tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=load
+    ) as p:
+        assert p.ladder.target.chunk == 0  # probed on first use
+        for text in ("the model of the tree", "a", "def return if else"):
+            want = p.generate(text, GREEDY, SpecConfig(mode="target")).token_ids
+            got = p.generate(text, GREEDY, SpecConfig(mode=mode, l_d=4, l_q=8))  # type: ignore[arg-type]
+            assert got.token_ids == want
+        assert 1 <= p.ladder.target.chunk <= 16
+
+
+def test_auto_follows_the_cost_model(pyramid: Pyramid) -> None:
+    """Priced as a small CPU (a batch costs as many tokens, the draft most of the target),
+    auto decodes plainly and never evaluates the draft or qualifier; priced as a GPU it runs
+    model chains. Its greedy tokens are target's either way."""
+    cpu = shaped_costs(pyramid, per_token=1.0, draft=0.6)
+    gpu = shaped_costs(pyramid, per_token=0.02, draft=0.15)
+    for text in ("the model of the tree", "def return if else"):
+        prompt = pyramid.tokenize(text)
+        want = pyramid.generate(prompt, GREEDY, SpecConfig(mode="target")).token_ids
+        small = [m for m in pyramid.ladder.models if m is not pyramid.ladder.target]
+        before = [m.timer.snapshot() for m in small]
+        got, stats = generate(pyramid, prompt, SpecConfig(mode="auto"), GREEDY, cpu)
+        assert stats.auto is not None and set(stats.auto.choices) <= {"target", "ngram"}
+        assert [m.timer.snapshot() for m in small] == before  # never evaluated
+        assert_same_or_near_tie(pyramid, prompt, got, want, TINY_TIE)
+        got, stats = generate(pyramid, prompt, SpecConfig(mode="auto"), GREEDY, gpu)
+        assert stats.auto is not None
+        assert set(stats.auto.choices) & {"draft", "qualifier", "pyramid"}
+        assert max(stats.auto.outlook.values()) > 1.0
+        assert_same_or_near_tie(pyramid, prompt, got, want, TINY_TIE)
+
+
+def test_auto_uses_ngram_where_text_repeats(pyramid: Pyramid) -> None:
+    """Greedy decoding of the tiny target after "a" settles into a loop; once it does, auto
+    (priced as a GPU, the models too dear to draft) proposes the n-gram continuation and the
+    target keeps most of it."""
+    target_only = SpecConfig(mode="target")
+    prompt = pyramid.tokenize("a")
+    want = pyramid.generate(prompt, GREEDY.with_(max_tokens=80), target_only).token_ids
+    assert len(set(want[-20:])) <= 4, "the tiny model no longer loops; pick another prompt"
+    gpu = shaped_costs(pyramid, per_token=0.02, draft=10.0)
+    got, stats = generate(
+        pyramid, prompt, SpecConfig(mode="auto"), GREEDY.with_(max_tokens=80), gpu
+    )
+    assert_same_or_near_tie(pyramid, prompt, got, want, TINY_TIE)
+    assert stats.auto is not None and "ngram" in stats.auto.choices
+    ngram = next(s for s in stats.stages if s.name == "ngram->target")
+    assert ngram.draft_n_accepted > 20 and ngram.acceptance_rate > 0.5

@@ -1,0 +1,112 @@
+"""The arithmetic of ``auto`` (pure): expected tokens, block sizes that follow the cost curve,
+chains that pay on a GPU and not on a small CPU, and the acceptance estimates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pyramid_gguf.decoding import policy
+from pyramid_gguf.decoding.costs import CostCurve
+from pyramid_gguf.decoding.estimates import ChainAcceptance, NGramAcceptance, Rate
+
+#: Measured on a 2-core AVX-512 machine (issue 12): the 1.5B Q4_K_M target, ms per decode of
+#: k tokens; repacked weights are multiplied in rows of 4, so 5 tokens cost far more than 4.
+AVX512 = CostCurve(tuple(ms / 1000 for ms in (34, 51, 68, 80, 129, 140, 160, 188)))
+#: A GPU-like target: a batch costs about one token.
+GPU = CostCurve.shaped(0.010, 0.0002)
+#: A 2-core CPU draft: 0.64 of the target per token (the 0.5B against the 1.5B).
+CPU_DRAFT = CostCurve(tuple(0.64 * s for s in AVX512.seconds))
+GPU_DRAFT = CostCurve.shaped(0.002, 0.0001)
+
+
+def test_expected_tokens() -> None:
+    assert policy.expected_tokens(0.5, 0.5, 0) == 1.0
+    assert policy.expected_tokens(1.0, 1.0, 4) == 5.0
+    # 1 + a + a^2 + a^3 for a constant keep rate
+    assert math.isclose(policy.expected_tokens(0.5, 0.5, 3), 1 + 0.5 + 0.25 + 0.125)
+    # a weak first token caps everything behind it
+    assert math.isclose(policy.expected_tokens(0.1, 1.0, 5), 1.5)
+
+
+def test_cost_curve_extrapolates_and_chunks() -> None:
+    c = CostCurve((1.0, 1.5, 2.0, 2.5))
+    assert c(0) == 0 and c(4) == 2.5
+    assert c(6) == pytest.approx(3.5)  # slope of the last quarter
+    assert c.with_chunk(1)(3) == pytest.approx(3.0)  # strict identity: one token at a time
+    assert c.with_chunk(2)(5) == pytest.approx(2 * 1.5 + 1.0)
+    assert c.relative([1, 2]) == [1.0, 1.5]
+    with pytest.raises(ValueError):
+        CostCurve((1.0, 0.0))
+
+
+def test_ngram_block_follows_the_cost_curve() -> None:
+    """On the AVX-512 curve a 4-token batch is cheap and a 5-token one dear: with copying
+    that is almost always kept, auto proposes 3 tokens (a batch of 4), not 4."""
+    option = policy.ngram(AVX512, 0.9, 0.95, available=16, max_k=7, overhead=0.0)
+    assert option is not None and option.k == 3
+    # on a flat curve the same proposals are worth a long block
+    flat = policy.ngram(GPU, 0.9, 0.95, available=16, max_k=16, overhead=0.0)
+    assert flat is not None and flat.k > 8
+    # a weak match does not pay on the CPU: plain decoding wins
+    weak = policy.ngram(AVX512, 0.3, 0.6, available=16, max_k=7, overhead=0.0)
+    assert policy.choose(policy.plain(AVX512, 0.0), [weak]).chain == "target"
+
+
+@pytest.mark.parametrize("keep", [0.6, 0.8, 0.95])
+def test_model_drafts_do_not_pay_on_a_small_cpu(keep: float) -> None:
+    base = policy.plain(AVX512, 0.0)
+    sd = policy.draft("draft", AVX512, CPU_DRAFT, keep, 8, 0, 0.0)
+    psd = policy.pyramid(AVX512, CPU_DRAFT, CPU_DRAFT, keep, keep, 8, (0, 0), 0.0)
+    assert policy.choose(base, [sd, psd]).chain == "target"
+
+
+def test_model_drafts_pay_on_a_gpu_and_the_choice_follows_acceptance() -> None:
+    base = policy.plain(GPU, 0.0)
+    good = policy.draft("draft", GPU, GPU_DRAFT, 0.7, 16, 0, 0.0)
+    assert good is not None and good.rate > 1.4 * base.rate and good.k >= 3
+    assert policy.choose(base, [good]).chain == "draft"
+    bad = policy.draft("draft", GPU, GPU_DRAFT, 0.05, 16, 0, 0.0)
+    assert policy.choose(base, [bad]).chain == "target"
+    # a qualifier that agrees with the target far better than the draft: the pyramid wins
+    qualifier = CostCurve.shaped(0.004, 0.0001)
+    sd = policy.draft("draft", GPU, GPU_DRAFT, 0.4, 16, 0, 0.0)
+    psd = policy.pyramid(GPU, qualifier, GPU_DRAFT, 0.8, 0.9, 16, (0, 0), 0.0)
+    assert policy.choose(base, [sd, psd]).chain == "pyramid"
+
+
+def test_catching_up_a_lagging_draft_is_priced() -> None:
+    fresh = policy.draft("draft", GPU, GPU_DRAFT, 0.7, 16, lag=0, overhead=0.0)
+    behind = policy.draft("draft", GPU, GPU_DRAFT, 0.7, 16, lag=2000, overhead=0.0)
+    assert fresh is not None and behind is not None and behind.rate < fresh.rate
+
+
+def test_choose_keeps_plain_decoding_for_marginal_gains() -> None:
+    base = policy.Option("target", 0, 1.0, 1.0)
+    marginal = policy.Option("ngram", 2, 1.02, 1.0)
+    assert policy.choose(base, [marginal, None]) is base
+    clear = policy.Option("ngram", 2, 1.5, 1.0)
+    assert policy.choose(base, [marginal, clear]) is clear
+
+
+def test_ngram_acceptance_learns_per_match_length() -> None:
+    est = NGramAcceptance()
+    short_prior, long_prior = est.estimate(2)[0], est.estimate(40)[0]
+    assert short_prior < long_prior  # longer matches are trusted more before any evidence
+    for _ in range(50):
+        est.record(40, proposed=8, kept=8)  # long matches: everything kept
+        est.record(3, proposed=4, kept=0)  # short ones: nothing
+    first, after = est.estimate(40)
+    assert first > 0.9 and after > 0.9
+    assert est.estimate(3)[0] < 0.1
+    assert est.estimate(2)[0] == short_prior  # another bucket: untouched
+
+
+def test_chain_acceptance_counts_only_tested_tokens() -> None:
+    est = ChainAcceptance()
+    est.record("draft->target", proposed=4, kept=1)  # tokens 1 and 2 tested, 1 kept
+    rate = est.rates["draft->target"]
+    assert (rate.kept, rate.tried) == (Rate.prior(0.6).kept + 1, Rate.prior(0.6).tried + 2)
+    est.record_confidence([0.9, 0.9, 0.9], kept=3)
+    assert est.token(0.9) > 0.9 * 0.99  # kept as often as the draft was confident
