@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,11 @@ def test_chat_template_is_applied_by_default_when_the_model_has_one(
         (["--target", "{target}", "-p", "x", "--vram", "lots"], "bad size"),
         (["--target", "{target}", "-p", "x", "--max-block", "0"], "--max-block must be"),
         (["--target", "{target}", "-p", "x", "--ngram-min", "1"], "--ngram-min must be"),
+        # malformed command lines: one line too, not click's usage block
+        (["--target", "{target}", "-p", "x", "--mode", "nonsense"], "Invalid value for '--mode'"),
+        (["--target", "{target}", "-p", "x", "--temp", "hot"], "'hot' is not a valid float"),
+        (["--target", "{target}", "-p", "x", "--bogus"], "No such option '--bogus'"),
+        (["--target", "{target}", "-p", "x", "--top-k", "many"], "'many' is not a valid integer"),
     ],
 )
 def test_bad_input_is_one_line_error(
@@ -150,6 +156,39 @@ def test_bad_flag_through_a_real_process(tiny_target: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert r.returncode == 2
-    assert "Traceback" not in r.stderr
-    assert "Invalid value for '--mode'" in r.stderr
+    assert r.returncode == 1
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("Error: Invalid value for '--mode'")
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "tune", "serve", "calibrate"])
+def test_zero_threads_is_refused_everywhere(command: str, tiny_target: Path) -> None:
+    code, out, err = invoke(command, "--target", str(tiny_target), "-p", "x", "-t", "0")
+    if command != "run":  # -p is run's flag; the others take prompts otherwise
+        code, out, err = invoke(command, "--target", str(tiny_target), "-t", "0")
+    assert code == 1, (out, err)
+    assert err.strip() == "Error: --threads must be at least 1"
+
+
+def test_interrupted_json_keeps_the_partial_answer(
+    tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C in the middle of ``run --json``: the JSON object still comes, with the text so
+    far and ``finish_reason: interrupted``, and the exit status is 130."""
+    from pyramid_gguf.serving.api import Pyramid
+
+    real_stream = Pyramid.stream
+
+    def interrupted(self: Pyramid, *args: object, **kwargs: object) -> Iterator[object]:
+        for i, step in enumerate(real_stream(self, *args, **kwargs)):  # type: ignore[arg-type]
+            if i == 5:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(Pyramid, "stream", interrupted)
+    code, out, err = invoke("run", "--target", str(tiny_target), "-p", "the model", *FAST, "--json")
+    assert code == 130
+    doc = json.loads(out)
+    assert doc["finish_reason"] == "interrupted" and doc["stats"]["finish_reason"] == "interrupted"
+    assert len(doc["tokens"]) == 5 and doc["text"]
+    assert err.strip() == "interrupted"

@@ -217,3 +217,22 @@ def test_end_of_generation_inside_a_block_ends_every_mode_alike(
         assert not any(qwen.is_eog(t) for t in got.token_ids)
         if got.token_ids == want.token_ids:
             assert got.finish_reason == "stop"
+
+
+def test_character_cut_by_max_tokens_is_dropped(smollm2_path: Path) -> None:
+    """The bad-input battery's case: emoji split over several tokens, generation stopped by
+    ``max_tokens`` inside one. The text never ends in U+FFFD; the tokens still count."""
+    with Pyramid.from_paths(smollm2_path, load=LOAD) as p:
+        vocab = p.ladder.target.vocab
+        cuts = 0
+        target = SpecConfig(mode="target")
+        for n in range(1, 17):
+            got = p.generate("🐱🎉🎉🎉🎉🎉🎉🎉", GREEDY.with_(max_tokens=n), target)
+            raw = b"".join(vocab.token_bytes(t) for t in got.token_ids)
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                cuts += 1
+            assert not got.text.endswith("\ufffd"), n
+            assert got.stats.generated_tokens == len(got.token_ids)
+        assert cuts > 0, "no generation ended inside a character: the test proved nothing"

@@ -39,3 +39,15 @@ def test_flush_releases_held_prefix_at_end() -> None:
     assert s.feed(b"abc ST") == "abc "
     assert s.flush() == "ST"
     assert s.text == "abc ST"
+
+
+def test_character_cut_by_the_last_token_is_dropped_not_replaced() -> None:
+    """max_tokens can stop inside a multi-byte character: its bytes are dropped at the end,
+    and a character broken in the middle of the text still shows as U+FFFD."""
+    cat = "🐱".encode()
+    s = TextStream()
+    assert s.feed(b"ok " + cat[:2]) == "ok "
+    assert s.flush() == ""
+    assert s.text == "ok "
+    s = TextStream()
+    assert s.feed(cat[:2] + b"!") == "\ufffd!"  # invalid in the middle: shown as such

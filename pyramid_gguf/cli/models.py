@@ -87,6 +87,8 @@ def derive(
 
     if sum(x is not None for x in (keep_layers, skip_every, qtype)) != 1:
         raise UserError("give exactly one of --keep-layers, --skip-every or --quantize")
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1, got {threads}")
     if qtype is not None:
         path = d.requantize(src, out, qtype, threads=threads or default_threads())
     else:

@@ -22,7 +22,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PyramidCommand(click.Command):
-    """A click command whose :class:`UserError` is one ``Error:`` line and exit status 1."""
+    """A click command whose bad input is one ``Error:`` line and exit status 1.
+
+    That covers a :class:`UserError` raised while running and a malformed command line
+    (unknown flag, a value of the wrong type, an invalid choice), which click would otherwise
+    answer with its usage block and status 2.
+    """
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            name = " ".join(filter(None, [parent.command_path if parent else "", info_name]))
+            raise click.ClickException(f"{e.format_message()} (see '{name} --help')") from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -220,7 +238,8 @@ class LadderArgs:
 
 def load_config_from(params: dict[str, Any]) -> LoadConfig:
     """A :class:`LoadConfig` from the flags of :func:`ladder_options`."""
-    threads = params.get("n_threads") or default_threads()
+    threads = params.get("n_threads")
+    threads = default_threads() if threads is None else threads
     return LoadConfig(
         n_ctx=params["n_ctx"],
         n_batch=params["n_batch"],

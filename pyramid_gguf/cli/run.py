@@ -1,19 +1,24 @@
 """``pyramid-gguf run``: answer one prompt with a ladder, streaming text to stdout.
 
 Statistics go to stderr (one line, plus per-stage detail with ``--verbose``); ``--json`` prints
-one JSON object to stdout instead of streaming.
+one JSON object to stdout instead of streaming. Ctrl-C keeps what was generated (its JSON object
+says ``"finish_reason": "interrupted"``) and exits 130.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ..config import SamplingConfig, SpecConfig
+from ..decoding.stats import GenerationStats
 from ..errors import UserError
+from ..serving.api import Pyramid
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,
@@ -100,48 +105,79 @@ def run(
             tokens: list[int] = pyramid.chat_tokens(messages)
         else:
             tokens = pyramid.tokenize(text)
-        pieces: list[str] = []
-        ids: list[int] = []
-        finish = "length"
-        last = None
-        for last in pyramid.stream(tokens, sampling, spec):
-            pieces.append(last.text)
-            ids += last.token_ids
-            if not as_json and last.text:
-                click.echo(last.text, nl=False)
+        result = _generate(pyramid, tokens, sampling, spec, stream_text=not as_json)
+        _report(result, pyramid.name, as_json=as_json, verbose=verbose)
+        if result.finish_reason == "interrupted":
+            raise KeyboardInterrupt  # after the partial answer: exit 130, as on any Ctrl-C
+
+
+@dataclass
+class _Result:
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str = "length"
+    stats: GenerationStats | None = None
+
+
+def _generate(
+    pyramid: Pyramid,
+    tokens: list[int],
+    sampling: SamplingConfig,
+    spec: SpecConfig,
+    *,
+    stream_text: bool,
+) -> _Result:
+    """Run the generation, echoing text as it comes when ``stream_text``. Ctrl-C ends it with
+    finish reason ``interrupted``, keeping what was generated."""
+    out = _Result()
+    pieces: list[str] = []
+    try:
+        for step in pyramid.stream(tokens, sampling, spec):
+            pieces.append(step.text)
+            out.tokens += step.token_ids
+            out.stats = step.stats
+            if stream_text and step.text:
+                click.echo(step.text, nl=False)
                 sys.stdout.flush()
-            finish = last.finish_reason or finish
-        assert last is not None
-        stats = last.stats
-        if as_json:
-            click.echo(
-                json.dumps(
-                    {
-                        "text": "".join(pieces),
-                        "tokens": ids,
-                        "finish_reason": finish,
-                        "model": pyramid.name,
-                        "stats": stats.to_dict(),
-                    },
-                    indent=2,
-                )
-            )
-            return
-        click.echo("")
-        sys.stdout.flush()
-        click.echo(stats.summary(), err=True)
-        if verbose:
-            for s in stats.stages:
-                click.echo(
-                    f"  {s.name}: draft_n={s.draft_n} draft_n_accepted={s.draft_n_accepted} "
-                    f"mean_accepted={s.mean_accepted:.2f} histogram={s.histogram}",
-                    err=True,
-                )
-            for t in stats.tiers:
-                click.echo(
-                    f"  {t.name}: {t.n_evals} evals, {t.n_tokens} tokens, {t.seconds:.3f} s",
-                    err=True,
-                )
-            click.echo(f"  scheduler: {stats.scheduler_seconds:.3f} s", err=True)
-            for line in stats.auto.details() if stats.auto is not None else []:
-                click.echo(f"  {line}", err=True)
+            out.finish_reason = step.finish_reason or out.finish_reason
+    except KeyboardInterrupt:
+        out.finish_reason = "interrupted"
+        if out.stats is not None:
+            out.stats.finish_reason = "interrupted"
+    out.text = "".join(pieces)
+    return out
+
+
+def _report(result: _Result, model: str, *, as_json: bool, verbose: bool) -> None:
+    """The answer as one JSON object, or the stats line (and ``-v`` detail) on stderr."""
+    stats = result.stats
+    if as_json:
+        doc = {
+            "text": result.text,
+            "tokens": result.tokens,
+            "finish_reason": result.finish_reason,
+            "model": model,
+            "stats": stats.to_dict() if stats is not None else None,
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo("")
+    sys.stdout.flush()
+    if stats is None:
+        return
+    click.echo(stats.summary(), err=True)
+    if not verbose:
+        return
+    for s in stats.stages:
+        click.echo(
+            f"  {s.name}: draft_n={s.draft_n} draft_n_accepted={s.draft_n_accepted} "
+            f"mean_accepted={s.mean_accepted:.2f} histogram={s.histogram}",
+            err=True,
+        )
+    for t in stats.tiers:
+        click.echo(
+            f"  {t.name}: {t.n_evals} evals, {t.n_tokens} tokens, {t.seconds:.3f} s", err=True
+        )
+    click.echo(f"  scheduler: {stats.scheduler_seconds:.3f} s", err=True)
+    for line in stats.auto.details() if stats.auto is not None else []:
+        click.echo(f"  {line}", err=True)

@@ -35,10 +35,15 @@ class TextStream:
         return self._release(final=False)
 
     def flush(self) -> str:
-        """End of generation: release whatever is held back (no stop string completed)."""
+        """End of generation: release whatever is held back (no stop string completed).
+
+        Bytes of a character that the last token left unfinished (generation stopped by
+        ``max_tokens`` inside a multi-byte character) are dropped, not shown as U+FFFD; the
+        tokens still count as generated.
+        """
         if self.stopped:
             return ""
-        self._pending += self._decoder.decode(b"", final=True)
+        self._decoder.reset()
         return self._release(final=True)
 
     def _release(self, *, final: bool) -> str:
