@@ -79,24 +79,39 @@ def _proposal_probs(dist: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 
 
 def _residual_or_bonus(
-    n: int, tokens: np.ndarray, p: np.ndarray, q: np.ndarray, rng: np.random.Generator
+    n: int, tokens: np.ndarray, p: np.ndarray, q: np.ndarray | None, rng: np.random.Generator
 ) -> int:
-    """Bonus from ``p[k]`` if all ``k`` were accepted, else a sample of norm(max(0, p_n - q_n))."""
+    """Bonus from ``p[k]`` if all ``k`` were accepted, else a sample of norm(max(0, p_n - q_n))
+    (``q`` None: one-hot proposals, so the residual is ``p_n`` without the refused token)."""
     if n == len(tokens):
         return sample(p[n], rng)
-    residual = np.maximum(p[n] - q[n], 0.0)
+    if q is None:
+        residual = p[n].copy()
+        residual[tokens[n]] = 0.0
+    else:
+        residual = np.maximum(p[n] - q[n], 0.0)
     if residual.sum() <= 0:  # p_n == q_n: a rejection has probability 0; keep the sampler total
         residual = p[n]
     return sample(residual, rng)
 
 
+def greedy(tokens: np.ndarray, logits: np.ndarray) -> StageOutcome:
+    """Temperature 0, where every lossless rule is token matching: keep ``y_i`` while it is
+    the verifier's argmax (lowest id on ties), then emit the argmax. ``logits``: ``[k+1, V]``.
+    """
+    best = np.argmax(logits, axis=-1)
+    n = _first_false(best[: len(tokens)] == np.asarray(tokens, dtype=np.int64))
+    return StageOutcome(n, int(best[n]))
+
+
 def exact(
-    tokens: np.ndarray, p: np.ndarray, q: np.ndarray, rng: np.random.Generator
+    tokens: np.ndarray, p: np.ndarray, q: np.ndarray | None, rng: np.random.Generator
 ) -> StageOutcome:
     """Speculative sampling (Leviathan Alg. 1): accept ``y_i`` w.p. ``min(1, p_i(y_i)/q_i(y_i))``.
 
-    ``tokens``: ``[k]`` ids; ``p``: ``[k+1, V]`` verifier; ``q``: ``[k, V]`` proposer. The
-    emitted tokens are distributed exactly as the verifier's own samples.
+    ``tokens``: ``[k]`` ids; ``p``: ``[k+1, V]`` verifier; ``q``: ``[k, V]`` proposer, or None
+    for a deterministic proposer (one-hot ``q``). The emitted tokens are distributed exactly
+    as the verifier's own samples.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     k = len(tokens)
@@ -109,7 +124,7 @@ def exact(
 def fuzzy(
     tokens: np.ndarray,
     p: np.ndarray,
-    q: np.ndarray,
+    q: np.ndarray | None,
     verifier_logits: np.ndarray,
     proposer_logits: np.ndarray | None,
     rng: np.random.Generator,
@@ -156,10 +171,13 @@ def greedy_match(tokens: np.ndarray, p: np.ndarray, rng: np.random.Generator) ->
     return StageOutcome(len(tokens), sample(p[len(tokens)], rng))
 
 
-def _exact_accepts(tokens: np.ndarray, p: np.ndarray, q: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """``u_i < p_i(y_i) / q_i(y_i)`` per position, written without a division. ``-> [k] bool``."""
+def _exact_accepts(
+    tokens: np.ndarray, p: np.ndarray, q: np.ndarray | None, u: np.ndarray
+) -> np.ndarray:
+    """``u_i < p_i(y_i) / q_i(y_i)`` per position, written without a division (``q`` None:
+    ``q_i(y_i) = 1``). ``-> [k] bool``."""
     py = _proposal_probs(p[: len(tokens)], tokens)
-    qy = _proposal_probs(q, tokens)
+    qy = 1.0 if q is None else _proposal_probs(q, tokens)
     return u * qy < py
 
 

@@ -124,7 +124,7 @@ class AutoRounds:
         """Run ``choice``; the committed tokens and how many were proposed."""
         if choice.chain == "target":
             row = self.target.score(committed, [])[0]
-            return [self.sampler.sample(self.sampler.warp(row))], 0
+            return [self.sampler.pick(row)], 0
         if choice.chain == "ngram":
             assert match is not None
             block = Block(match.continuation[: choice.k], None, None)

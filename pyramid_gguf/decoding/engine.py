@@ -88,7 +88,7 @@ def decode(
     t_gen = time.perf_counter()
     try:
         assert row is not None
-        new = [sampler.sample(sampler.warp(row))]
+        new = [sampler.pick(row)]
         while True:
             for token in new[: sampling.max_tokens - stats.generated_tokens]:
                 committed.append(token)

@@ -53,6 +53,8 @@ class DraftProposer:
         self.length = length
         self.sampler = sampler
         self.admit: Admit = admit or (lambda tops: tops[-1] >= p_min)
+        #: The draft's top probability is only computed when something decides by it.
+        self.needs_tops = admit is not None or p_min > 0
         #: Top probabilities of the last proposed block, ``[k]``.
         self.top_probs: list[float] = []
 
@@ -66,14 +68,18 @@ class DraftProposer:
         tops: list[float] = []
         z = self.tier.score(context, [])[0]
         while True:
-            tops.append(top_probability(z))
-            if not self.admit(tops):
-                tops.pop()
-                break
-            q = self.sampler.warp(z)
-            y = self.sampler.sample(q)
+            if self.needs_tops:
+                tops.append(top_probability(z))
+                if not self.admit(tops):
+                    tops.pop()
+                    break
+            if self.sampler.greedy:
+                y = int(np.argmax(z))  # q is one-hot: the block is deterministic
+            else:
+                q = self.sampler.warp(z)
+                y = self.sampler.sample(q)
+                qs.append(q)
             tokens.append(y)
-            qs.append(q)
             zs.append(z)
             if len(tokens) == k or self.tier.is_eog(y):
                 break
@@ -81,7 +87,7 @@ class DraftProposer:
         self.top_probs = tops
         if not tokens:
             return Block([], None, None)
-        return Block(tokens, np.stack(qs), np.stack(zs))
+        return Block(tokens, np.stack(qs) if qs else None, np.stack(zs))
 
     def sync(self, committed: Sequence[int]) -> None:
         self.tier.sync(committed)
@@ -125,7 +131,8 @@ class QualifiedProposer:
             if self.observe is not None:
                 self.observe(len(block), v.n_accepted)
             tokens += v.tokens
-            ps.append(v.p)
+            if v.p is not None:
+                ps.append(v.p)
             zs.append(v.logits)
             ctx += v.tokens
             self.lower.sync(ctx)
@@ -135,7 +142,8 @@ class QualifiedProposer:
                 tokens = tokens[:cut]
                 break
         n = min(len(tokens), max_tokens)
-        return Block(tokens[:n], np.concatenate(ps)[:n], np.concatenate(zs)[:n])
+        q = np.concatenate(ps)[:n] if ps else None  # None at temperature 0: deterministic
+        return Block(tokens[:n], q, np.concatenate(zs)[:n])
 
     def sync(self, committed: Sequence[int]) -> None:
         self.lower.sync(committed)

@@ -103,7 +103,7 @@ class PlainRounds:
         self.sampler = sampler
 
     def run(self, committed: list[int], room: int) -> list[int]:
-        return [self.sampler.sample(self.sampler.warp(self.target.score(committed, [])[0]))]
+        return [self.sampler.pick(self.target.score(committed, [])[0])]
 
     def sync(self, committed: Sequence[int]) -> None:
         return None

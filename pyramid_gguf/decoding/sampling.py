@@ -95,6 +95,17 @@ class Sampler:
         self.cfg = cfg
         self.rng = rng if rng is not None else np.random.default_rng(cfg.seed)
 
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: every choice is the argmax (lowest id on ties)."""
+        return self.cfg.temperature == 0
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The next token from one row of raw logits ``[V]`` (argmax when greedy)."""
+        if self.greedy:
+            return int(np.argmax(logits))
+        return sample(warp(logits, self.cfg), self.rng)
+
     def warp(self, logits: np.ndarray) -> np.ndarray:
         """:func:`warp` with this generation's config. ``[n, V] -> [n, V]`` (or ``[V]``)."""
         return warp(logits, self.cfg)

@@ -37,21 +37,15 @@ class Verified:
     """Outcome of one verification.
 
     ``tokens``: the ``n_accepted`` accepted proposals then the verifier's token, ``[n + 1]``.
-    ``p``: the verifier's warped distributions at those positions, ``[n + 1, V]``.
+    ``p``: the verifier's warped distributions at those positions, ``[n + 1, V]``, or None
+    at temperature 0 (one-hot on ``tokens``: the verified tokens are deterministic).
     ``logits``: the verifier's raw logits at those positions, ``[n + 1, V]``.
     """
 
     tokens: list[int]
-    p: np.ndarray
+    p: np.ndarray | None
     logits: np.ndarray
     n_accepted: int
-
-
-def one_hot(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
-    """Deterministic proposals as distributions: ``[k] -> [k, V]``."""
-    q = np.zeros((len(tokens), n_vocab))
-    q[np.arange(len(tokens)), list(tokens)] = 1.0
-    return q
 
 
 def verify(
@@ -65,9 +59,14 @@ def verify(
     """Score ``[last, y_1..y_k]`` in one batch and apply ``rule``; record into ``stats``."""
     rng = sampler.rng
     z = verifier.score(context, block.tokens)  # [k + 1, V]
-    p = sampler.warp(z)
-    q = block.q if block.q is not None else one_hot(block.tokens, verifier.n_vocab)
     tokens = np.asarray(block.tokens, dtype=np.int64)
+    if sampler.greedy and rule.kind != "fuzzy":  # every lossless rule is token matching
+        outcome = acceptance.greedy(tokens, z)
+        n = outcome.n_accepted
+        stats.record(len(block.tokens), n)
+        return Verified([*block.tokens[:n], outcome.token], None, z[: n + 1], n)
+    p = sampler.warp(z)
+    q = block.q  # None: a deterministic proposer (one-hot)
     if rule.kind == "greedy-match":
         outcome = acceptance.greedy_match(tokens, p, rng)
     elif rule.kind == "fuzzy":
