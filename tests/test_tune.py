@@ -53,7 +53,7 @@ def test_tune_never_slower_than_target(ladder_paths: LadderPaths, drop: float) -
     assert r.speedup >= 1.0 and r.tps >= r.target_tps
     if drop == 0:
         assert r.spec.lossless
-        assert all(m["mode"] in ("sd", "psd-exact") for m in r.measured)
+        assert all(m["mode"] in ("auto", "sd", "psd-exact") for m in r.measured)
     assert r.quality_drop <= drop
     assert 0 < len([m for m in r.measured if m["phase"] == "screen"]) <= 5
     assert r.path == tuned_path(ladder_paths) and r.path.is_file()
@@ -76,11 +76,14 @@ def test_load_tuned_round_trip(ladder_paths: LadderPaths, home: Path) -> None:
 
 def test_candidates() -> None:
     base = SpecConfig()
-    assert candidates(base, has_draft=False, has_qualifier=False) == []
+    assert [c.spec.mode for c in candidates(base, has_draft=False, has_qualifier=False)] == [
+        "auto"
+    ]
     lossless = candidates(base, has_draft=True, has_qualifier=True)
-    assert {c.spec.mode for c in lossless} == {"sd", "psd-exact"}
+    assert lossless[0].spec.mode == "auto"
+    assert {c.spec.mode for c in lossless} == {"auto", "sd", "psd-exact"}
     two = candidates(base, has_draft=True, has_qualifier=False, max_quality_drop=0.1)
-    assert {c.spec.mode for c in two} == {"sd", "fsd"}
+    assert {c.spec.mode for c in two} == {"auto", "sd", "fsd"}
     ngram = candidates(base, has_draft=True, has_qualifier=False, ngram=True)
     assert all(c.spec.p_min == 0 for c in ngram)
 

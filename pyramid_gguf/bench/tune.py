@@ -104,10 +104,11 @@ def candidates(
     ngram: bool = False,
     max_quality_drop: float = 0.0,
 ) -> list[BenchConfig]:
-    """The search grid, most promising first (``target`` itself is not a candidate)."""
+    """The search grid, most promising first (``target`` itself is not a candidate): ``auto``
+    (which needs no draft: the n-gram drafter), then the fixed modes the ladder allows."""
+    out: list[BenchConfig] = [BenchConfig.of(base, "auto")]
     if not has_draft:
-        return []
-    out: list[BenchConfig] = []
+        return out
     sd = [(4, 0.0), (2, 0.0), (8, 0.0), (6, 0.0), (3, 0.0)]
     if not ngram:
         sd[3:3] = [(8, 0.3), (6, 0.2)]

@@ -213,7 +213,8 @@ def bench(**params: Any) -> None:
         import matplotlib  # noqa: F401  (fail before the long run if it is missing)
 
     name = resolved.name
-    with load_pyramid(args, resolved, SpecConfig(mode="target")) as pyramid:
+    auto = any(c.spec.info.auto for c in configs)
+    with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=auto) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
         with bar:

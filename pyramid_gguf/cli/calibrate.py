@@ -62,7 +62,7 @@ def calibrate(as_json: bool, **params: Any) -> None:
     """
     args = LadderArgs.from_params(params)
     resolved = resolve_ladder(args)
-    with load_pyramid(args, resolved, SpecConfig(mode="target")) as pyramid:
+    with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=False) as pyramid:
         cals = pyramid.calibrate(refresh=True, say=lambda m: click.echo(m, err=True))
         costs = pyramid.costs()
     evens = chain_break_evens(costs)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import click
+
 from ..config import LoadConfig, SpecConfig
 from ..ladder import LadderPaths
 from ..serving.api import Pyramid
@@ -41,15 +43,35 @@ def resolve_ladder(args: LadderArgs) -> Resolved:
     return resolved if tuned is None else Resolved(resolved.name, resolved.paths, tuned)
 
 
-def load_pyramid(args: LadderArgs, resolved: Resolved, spec: SpecConfig) -> Pyramid:
-    """Load ``resolved`` with the load flags of ``args`` and decode with ``spec``."""
-    return Pyramid.load(
+def load_pyramid(
+    args: LadderArgs,
+    resolved: Resolved,
+    spec: SpecConfig,
+    *,
+    calibrate: bool | None = None,
+    share_ngrams: bool = False,
+) -> Pyramid:
+    """Load ``resolved`` with the load flags of ``args`` and decode with ``spec``.
+
+    ``calibrate`` (default: when ``spec`` is ``auto`` or ``--strict-identity`` is on) reads or
+    measures the tiers' cost curves now, saying so on stderr when it measures, so that no
+    generation pays for it.
+    """
+    pyramid = Pyramid.load(
         resolved.paths,
         load=args.load,
         spec=spec,
         name=resolved.name,
         tier_loads=_planned_loads(args.vram, args.load, resolved.paths),
+        share_ngrams=share_ngrams,
     )
+    if calibrate or (calibrate is None and (spec.info.auto or args.load.strict_identity)):
+        try:
+            pyramid.calibrate(say=lambda m: click.echo(m, err=True))
+        except BaseException:
+            pyramid.close()
+            raise
+    return pyramid
 
 
 def _planned_loads(

@@ -70,7 +70,8 @@ def serve(**params: Any) -> None:
     )
     args = LadderArgs.from_params(params)
     resolved = resolve_ladder(args)
-    pyramid = load_pyramid(args, resolved, spec_config_from(params, resolved.spec))
+    spec = spec_config_from(params, resolved.spec)
+    pyramid = load_pyramid(args, resolved, spec, share_ngrams=True)
     try:
         app = create_app(pyramid, settings)
         click.echo(

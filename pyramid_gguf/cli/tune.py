@@ -71,7 +71,7 @@ def tune(**params: Any) -> None:
     args = LadderArgs.from_params(params)
     resolved = resolve_ladder(args)
     base = resolved.spec.with_(mode="target")
-    with load_pyramid(args, resolved, base) as pyramid:
+    with load_pyramid(args, resolved, base, calibrate=True) as pyramid:
         result = run_tune(
             pyramid,
             base,
