@@ -58,7 +58,7 @@ def test_default_preset_is_a_three_tier_pypi_ladder() -> None:
     assert preset.tiers["draft"].source == "derived"
     assert preset.tiers["draft"].derived_from == "qualifier"
     assert {preset.tiers[t].source for t in ("qualifier", "target")} == {"pypi"}
-    assert preset.spec.mode == "psd-exact"
+    assert preset.spec.mode == "auto"  # every preset: the cost model decides
 
 
 def test_parse_minimal_document() -> None:
@@ -108,6 +108,6 @@ def test_resolve_uses_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         (tmp_path / "models" / tier.file).write_bytes(b"GGUF")
     ladder = resolve_preset("smollm2-selfspec", fetch=False)
     assert ladder.paths.qualifier is None and ladder.paths.draft is not None
-    assert ladder.paths.target.name == preset.tiers["target"].file and ladder.spec.mode == "sd"
+    assert ladder.paths.target.name == preset.tiers["target"].file and ladder.spec.mode == "auto"
     info = describe(preset)
     assert all(t["present"] for t in info["tiers"].values())

@@ -76,9 +76,7 @@ def test_load_tuned_round_trip(ladder_paths: LadderPaths, home: Path) -> None:
 
 def test_candidates() -> None:
     base = SpecConfig()
-    assert [c.spec.mode for c in candidates(base, has_draft=False, has_qualifier=False)] == [
-        "auto"
-    ]
+    assert [c.spec.mode for c in candidates(base, has_draft=False, has_qualifier=False)] == ["auto"]
     lossless = candidates(base, has_draft=True, has_qualifier=True)
     assert lossless[0].spec.mode == "auto"
     assert {c.spec.mode for c in lossless} == {"auto", "sd", "psd-exact"}

@@ -81,7 +81,8 @@ def measure_curve(
     model.reset()
     xs = sorted(timed)
     seconds = np.interp(range(1, max(sizes) + 1), xs, [timed[x] for x in xs])
-    return CostCurve(tuple(float(s) for s in np.maximum.accumulate(seconds)))
+    # Microseconds: what the cache stores, so a fresh and a cached curve decide alike.
+    return CostCurve(tuple(max(round(float(s), 6), 1e-6) for s in np.maximum.accumulate(seconds)))
 
 
 def probe_identity(model: NativeModel, *, max_n: int = MAX_N) -> int:
