@@ -150,7 +150,8 @@ class SpecConfig:
     p_min: float = 0.0
     #: Rule of the lossless stages: speculative sampling, or llama.cpp's token matching.
     exact_rule: ExactRule = "exact"
-    #: Shortest suffix match the n-gram drafter proposes from.
+    #: Fixed modes: shortest suffix match the n-gram drafter proposes from (``auto`` weighs
+    #: every match by what its length is worth).
     ngram_min: int = 3
     #: ``auto``: most tokens proposed to the target in one round.
     max_block: int = 16
@@ -259,7 +260,7 @@ SPEC_KNOBS: tuple[Knob, ...] = (
     Knob("fuzzy_variant", str, "reducible or pure (the FSD paper).", choices=FUZZY_VARIANTS),
     Knob("p_min", float, "Stop drafting when the draft's top probability falls under this."),
     Knob("exact_rule", str, "Rule of the lossless stages.", choices=EXACT_RULES),
-    Knob("ngram_min", int, "Shortest suffix match the n-gram drafter proposes from."),
+    Knob("ngram_min", int, "Fixed modes: shortest suffix match the n-gram drafter uses."),
     Knob("max_block", int, "auto: most tokens proposed to the target per round."),
     Knob("allow_lossy", bool, "auto: may also pick lossy (fuzzy) chains."),
 )

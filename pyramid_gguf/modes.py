@@ -54,7 +54,7 @@ class ModeInfo:
         """The :class:`~pyramid_gguf.config.SpecConfig` fields this mode reads."""
         if self.auto:
             return frozenset(
-                {"max_block", "ngram_min", "allow_lossy", "exact_rule", "tau_q", "tau_t"}
+                {"max_block", "allow_lossy", "exact_rule", "tau_q", "tau_t"}
                 | {"divergence", "fuzzy_variant"}
             )
         out: set[str] = set()

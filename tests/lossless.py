@@ -1,12 +1,13 @@
 """What "lossless" lets a greedy run differ in, checked from the target's own logits.
 
 A lossless mode's greedy tokens equal ``target``'s, except that a verification batch runs other
-matrix kernels than one-token decoding, so at a floating-point near-tie of the target's top two
-logits it may pick the other one (docs/ALGORITHMS.md). :func:`assert_same_or_near_tie` asserts
-exactly that, on any CPU: identical tokens, or a first difference where both tokens are the
-target's top two and their logits are within ``bound`` of each other, the logits coming from
-the same evaluation path ``target`` decoding used (the prompt in one batch, then one token at a
-time).
+matrix kernels than one-token decoding, so at a floating-point near-tie of the target's top
+logits it may pick another of them (docs/ALGORITHMS.md). :func:`assert_same_or_near_tie`
+asserts exactly that, on any CPU: identical tokens, or a first difference where both tokens'
+logits are within ``bound`` of the target's top logit there. The logits are evaluated as
+``target`` decoding evaluates them on a fresh cache (the prompt in one batch, then one token at
+a time); a run that reused a cached prompt prefix rounded slightly differently, which is why
+the criterion names a bound and not an exact order.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from pyramid_gguf.decoding.sampling import Sampler
 from pyramid_gguf.decoding.stats import GenerationStats
 from pyramid_gguf.serving.api import Pyramid
 
-#: Stated bounds on the top-2 logit gap at a permitted divergence. Tiny f32 models: batched
-#: and one-token logits differ by ~1e-4 here. Real Q4/Q5 models: by up to ~0.7 where
-#: llama.cpp changes kernels (measured on the Qwen2.5-Coder 1.5B; README).
+#: Stated bounds on how far under the target's top logit either token of a permitted
+#: divergence may be. Tiny f32 models: batched and one-token logits differ by ~1e-4 here.
+#: Real Q4/Q5 models: first differences were near-ties of at most 0.25 logits on the
+#: Qwen2.5-Coder 1.5B (README, "What lossless means"); llama.cpp's kernels differ by up to ~0.7.
 TINY_TIE = 1e-3
 REAL_TIE = 1.0
 
@@ -55,22 +57,25 @@ def assert_same_or_near_tie(
     """``got`` (a lossless mode) equals ``want`` (``target``), or first differs at a near-tie.
 
     Both are greedy token lists for ``prompt`` on ``p``'s target. A list that ends first ended
-    at an end-of-generation token, which then is its token at the difference.
+    at an end-of-generation token: then the best end-of-generation token stands in for it.
     """
     i = first_difference(got, want)
     if i is None:
         return
-    z = target_logits_at(p, prompt, want[:i])
-    top2 = [int(t) for t in np.argsort(-z.astype(np.float64), kind="stable")[:2]]
-    gap = float(z[top2[0]] - z[top2[1]])
-    tokens = {int(seq[i]) if i < len(seq) else None for seq in (got, want)}
-    ended = None in tokens
-    tokens.discard(None)
-    assert tokens <= set(top2), f"position {i}: {tokens} are not the target's top two {top2}"
-    if ended:  # the other of the top two must end generation
-        other = next(t for t in top2 if t not in tokens)
-        assert p.is_eog(other), f"position {i}: generation ended on non-EOG {other}"
-    assert gap < bound, f"position {i}: top-2 gap {gap:.4f} is not a near-tie (< {bound})"
+    z = target_logits_at(p, prompt, want[:i]).astype(np.float64)
+    top = float(z.max())
+    for seq in (got, want):
+        if i < len(seq):
+            token = int(seq[i])
+        else:  # this run ended here: its token was the most likely end-of-generation token
+            ends = [t for t in np.argsort(-z)[:8] if p.is_eog(int(t))]
+            assert ends, f"position {i}: generation ended, but no EOG is among the top 8"
+            token = int(ends[0])
+        gap = top - float(z[token])
+        assert gap < bound, (
+            f"position {i}: token {token} is {gap:.4f} under the target's top logit, "
+            f"not a near-tie (< {bound})"
+        )
 
 
 def generate(

@@ -3,6 +3,8 @@ requests, and a minimum match length in the fixed modes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyramid_gguf.decoding.ngram import KEY, NGramDrafter, NGramIndex, NGramPool, NGramProposer
 
 
@@ -51,3 +53,21 @@ def test_fixed_mode_proposer_needs_the_minimum_match() -> None:
     assert NGramProposer(4, min_match=2).propose(ctx, 4).tokens == [50, 51, 0, 2]
     assert NGramProposer(4, min_match=3).propose(ctx, 4).tokens == []
     assert NGramProposer(4, min_match=2).propose(ctx, 1).tokens == [50]
+
+
+def test_a_server_ladder_remembers_earlier_answers(tiny_target: Path) -> None:
+    """``share_ngrams`` (what ``serve`` turns on): a finished generation feeds the pool, so a
+    later request that quotes it finds a long match there."""
+    from conftest import TINY_LOAD
+
+    from pyramid_gguf import LadderPaths, Pyramid, SamplingConfig, SpecConfig
+
+    greedy = SamplingConfig(temperature=0, max_tokens=24, ignore_eos=True)
+    with Pyramid.load(LadderPaths(tiny_target), load=TINY_LOAD, share_ngrams=True) as p:
+        assert p.pool is not None
+        first = p.generate("the model of the tree", greedy, SpecConfig(mode="target")).token_ids
+        quote = [*p.tokenize("graph path"), *first[:10]]
+        m = NGramDrafter(p.pool).lookup(quote, 8)
+        assert m is not None and m.length >= 10 and m.continuation == first[10:18]
+    with Pyramid.load(LadderPaths(tiny_target), load=TINY_LOAD) as p:
+        assert p.pool is None  # the Python API does not share by default

@@ -75,7 +75,7 @@ class AutoRounds:
         """Every chain at its best block size, plain decoding first."""
         c_t = self.costs["target"]
         out = [policy.plain(c_t, self.overhead)]
-        if match is not None and match.length >= self.spec.ngram_min:
+        if match is not None:  # any length: the estimates say what a match length is worth
             first, after = self.ngram_keep.estimate(match.length)
             n = len(match.continuation)
             option = policy.ngram(c_t, first, after, n, max_k, self.overhead)

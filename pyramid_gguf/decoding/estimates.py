@@ -38,10 +38,12 @@ class Rate:
 
 #: Lower bounds of the match-length buckets of :class:`NGramAcceptance`.
 MATCH_BUCKETS = (2, 3, 4, 6, 9, 16, 32)
-#: Prior keep probability of the first proposed token, per bucket: longer matches copy better.
-FIRST_PRIOR = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-#: Prior keep probability of a token after a kept one.
-NEXT_PRIOR = 0.75
+#: Prior keep probabilities per bucket, of the first proposed token and of each token after a
+#: kept one. Measured with Qwen2.5-Coder 1.5B over the shipped prompt sets, every match
+#: proposed (first: 0.41, 0.6, 1.0, 0.86, 0.93, 0.9, 1.0; next: 0.75 for 2-token matches,
+#: 0.8-0.96 for longer ones), rounded down: longer matches copy better.
+FIRST_PRIOR = (0.4, 0.55, 0.7, 0.8, 0.85, 0.9, 0.9)
+NEXT_PRIOR = (0.75, 0.8, 0.85, 0.85, 0.9, 0.9, 0.9)
 
 
 @dataclass
@@ -49,9 +51,7 @@ class NGramAcceptance:
     """Keep probabilities of n-gram proposals by match length."""
 
     first: list[Rate] = field(default_factory=lambda: [Rate.prior(p) for p in FIRST_PRIOR])
-    after: list[Rate] = field(
-        default_factory=lambda: [Rate.prior(NEXT_PRIOR) for _ in MATCH_BUCKETS]
-    )
+    after: list[Rate] = field(default_factory=lambda: [Rate.prior(p) for p in NEXT_PRIOR])
 
     @staticmethod
     def bucket(match_len: int) -> int:

@@ -93,8 +93,11 @@ class ModelTier:
     def prefill(self, prompt: Sequence[int], *, logits: bool = False) -> np.ndarray | None:
         """Evaluate the prompt as llama.cpp does (one batch, or ``n_batch`` chunks) and, with
         ``logits``, return the row after its last token ``[V]`` (the first token's
-        distribution). Whatever prefix the cache already holds is reused."""
-        held = common_prefix(self.model.tokens, prompt)
+        distribution). Whatever prefix the cache already holds is reused, except with
+        ``strict_identity``: a reused prefix was evaluated in another batch split, which rounds
+        differently, so the prompt is evaluated afresh."""
+        strict = self.model.cfg.strict_identity
+        held = 0 if strict else common_prefix(self.model.tokens, prompt)
         if logits and held == len(prompt):
             held -= 1  # the last token's row is needed, so evaluate it again
         self.model.rollback(held)
