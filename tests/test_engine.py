@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,26 +20,6 @@ PROMPTS = [
     "graph path file line text word code test model token layer batch cache and the",
 ]
 GREEDY = SamplingConfig(temperature=0, max_tokens=48, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def pyramid(tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path) -> Iterator[Pyramid]:
-    from conftest import TINY_LOAD
-
-    with Pyramid.from_paths(
-        tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=TINY_LOAD
-    ) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def ngram_pyramid(tiny_target: Path, tiny_qualifier: Path) -> Iterator[Pyramid]:
-    from conftest import TINY_LOAD
-
-    with Pyramid.from_paths(
-        tiny_target, draft="ngram", qualifier=tiny_qualifier, load=TINY_LOAD
-    ) as p:
-        yield p
 
 
 def reference(p: Pyramid, prompt: str, sampling: SamplingConfig = GREEDY) -> list[int]:

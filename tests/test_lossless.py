@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,14 +29,6 @@ HOT = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=
 GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)
 PROMPT = "the model of the tree"
 SEEDS = 2500
-
-
-@pytest.fixture(scope="module")
-def pyramid(tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path) -> Iterator[Pyramid]:
-    with Pyramid.from_paths(
-        tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=TINY_LOAD
-    ) as p:
-        yield p
 
 
 def joint(tier: ModelTier, prompt: list[int]) -> np.ndarray:
@@ -84,20 +75,16 @@ def test_sampled_tokens_follow_the_target_distribution(pyramid: Pyramid, spec: S
     assert chi_square_pvalue(sampled, joint(draft, prompt)) < 1e-4
 
 
-def test_ngram_bottom_pyramid_follows_the_target_distribution(
-    tiny_target: Path, tiny_qualifier: Path
-) -> None:
-    with Pyramid.from_paths(
-        tiny_target, draft="ngram", qualifier=tiny_qualifier, load=TINY_LOAD
-    ) as p:
-        prompt = p.tokenize("the tree the tree the tree the")
-        spec = SpecConfig(mode="psd-exact", l_d=2, l_q=3, ngram_min=2)
+def test_ngram_bottom_pyramid_follows_the_target_distribution(ngram_pyramid: Pyramid) -> None:
+    p = ngram_pyramid
+    prompt = p.tokenize("the tree the tree the tree the")
+    spec = SpecConfig(mode="psd-exact", l_d=2, l_q=3, ngram_min=2)
 
-        def run(seed: int) -> list[int]:
-            return p.generate(prompt, HOT.with_(seed=seed), spec).token_ids
+    def run(seed: int) -> list[int]:
+        return p.generate(prompt, HOT.with_(seed=seed), spec).token_ids
 
-        sampled = pairs(run, p.ladder.target.n_vocab)
-        assert chi_square_pvalue(sampled, joint(p.ladder.target, prompt)) > 0.001
+    sampled = pairs(run, p.ladder.target.n_vocab)
+    assert chi_square_pvalue(sampled, joint(p.ladder.target, prompt)) > 0.001
 
 
 @pytest.mark.parametrize("mode", ["sd", "psd-exact", "auto"])

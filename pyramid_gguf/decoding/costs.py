@@ -8,7 +8,6 @@ measuring and caching live in :mod:`.calibrate`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -78,8 +77,3 @@ class CostCurve:
         """A synthetic curve ``one + per_token * (n - 1)`` seconds (GPU-like for a small
         ``per_token``, CPU-like for ``per_token`` near ``one``): for tests and planning."""
         return cls(tuple(one + per_token * (k - 1) for k in range(1, n + 1)))
-
-
-def ratio(curve: CostCurve, n: int) -> float:
-    """``curve(n) / curve(1)``; ``inf`` for a degenerate curve."""
-    return curve(n) / curve.one if curve.one > 0 else math.inf
