@@ -43,16 +43,30 @@ def peer(args: argparse.Namespace, *cmd: str) -> str:
     return r.stdout
 
 
-def peer_ngram(args: argparse.Namespace, target: Path, prompt: str, n_max: int) -> float:
+def peer_ngram(
+    args: argparse.Namespace, target: Path, prompt: str, n_max: int, spec_type: str
+) -> float:
+    """tok/s of ``llama-speculative-simple`` with ``spec_type``: ``ngram-simple`` through
+    ``llama_peer.sh spec``; other n-gram drafters by calling the same binary the same way."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     try:
-        out = peer(args, "spec", str(target), f.name, "", str(n_max))
+        if spec_type == "ngram-simple":
+            out = peer(args, "spec", str(target), f.name, "", str(n_max))
+        else:
+            binary = next(
+                args.peer_home.glob("*/vendor/llama.cpp/build/bin/llama-speculative-simple")
+            )
+            cmd = [str(binary), "-m", str(target), "--spec-type", spec_type]
+            cmd += ["--spec-draft-n-max", str(n_max), "-f", f.name, "-n", str(args.max_tokens)]
+            cmd += ["-t", str(args.threads), "--temp", "0", "-c", "4096"]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            out = next(ln for ln in (done.stdout + done.stderr).splitlines() if "decoded" in ln)
     finally:
         os.unlink(f.name)
     m = SPEED.search(out)
     if m is None:
-        raise SystemExit(f"no speed in llama_peer.sh output: {out!r}")
+        raise SystemExit(f"no speed in llama.cpp's output: {out!r}")
     return float(m.group(1))
 
 
@@ -71,6 +85,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-max", type=int, default=4, help="llama.cpp's --spec-draft-n-max")
+    ap.add_argument(
+        "--also",
+        default="",
+        help="more llama.cpp n-gram drafters to run, e.g. ngram-map-k,ngram-mod",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -96,8 +115,9 @@ def main() -> None:
                 row = rows.setdefault(q.set, {})
                 for name, spec in specs.items():
                     row.setdefault(name, []).append(tok_s(p, tokens[q.key], sampling, spec))
-                speed = peer_ngram(args, ladder.paths.target, texts[q.key], args.n_max)
-                row.setdefault("llama.cpp ngram-simple", []).append(speed)
+                for kind in ["ngram-simple", *filter(None, args.also.split(","))]:
+                    speed = peer_ngram(args, ladder.paths.target, texts[q.key], args.n_max, kind)
+                    row.setdefault(f"llama.cpp {kind}", []).append(speed)
                 print(q.key, {k: round(v[-1], 1) for k, v in row.items()}, flush=True)
         tg_prompt = p.tokenize("Hello")
         ours_tg = tok_s(
@@ -118,6 +138,8 @@ def main() -> None:
             f"{s:<6} {t:>12.1f} {med['auto'] / t:>6.2f}x {peer_x / t:>22.2f}x "
             f"{med['auto'] / peer_x:>16.2f}x"
         )
+        for kind in filter(None, args.also.split(",")):
+            print(f"{'':<6} llama.cpp {kind}: {med[f'llama.cpp {kind}'] / t:.2f}x target")
     print(f"\nplain decoding, 128 tokens: pyramid-gguf {ours_tg:.1f} tok/s, ", end="")
     print(f"llama-bench tg128 {tg.group(1) if tg else '?'} tok/s")
     print(bench)

@@ -110,3 +110,16 @@ def test_chain_acceptance_counts_only_tested_tokens() -> None:
     assert (rate.kept, rate.tried) == (Rate.prior(0.6).kept + 1, Rate.prior(0.6).tried + 2)
     est.record_confidence([0.9, 0.9, 0.9], kept=3)
     assert est.token(0.9) > 0.9 * 0.99  # kept as often as the draft was confident
+
+
+def test_ngram_history_scales_every_bucket() -> None:
+    """Rounds that keep less than promised (prose echoing a phrase) lower the estimate of
+    matches of every length; rounds that keep more (an edit copying code) raise it."""
+    prose, edit = NGramAcceptance(), NGramAcceptance()
+    untouched = prose.estimate(20)[0]
+    for _ in range(4):
+        prose.record(3, proposed=3, kept=0, promised=1.3)
+        edit.record(3, proposed=3, kept=3, promised=1.3)
+    assert prose.estimate(20)[0] < 0.6 * untouched  # a bucket never tried is trusted less
+    assert edit.estimate(20)[0] > untouched
+    assert edit.estimate(20)[0] <= 0.99

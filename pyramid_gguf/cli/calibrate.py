@@ -15,6 +15,7 @@ import click
 from ..config import SpecConfig
 from ..decoding import policy
 from ..decoding.costs import CostCurve
+from ..ladder import TIERS
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options
 
@@ -37,7 +38,7 @@ def chain_break_evens(costs: dict[str, CostCurve], max_k: int = 16) -> dict[str,
     out: dict[str, float | None] = {
         "ngram": break_even(lambda a: policy.ngram(c_t, a, a, max_k, max_k, 0.0), plain)
     }
-    for name in ("draft", "qualifier"):
+    for name in TIERS[:-1]:  # every tier below the target can draft for it
         if name in costs:
             c_m = costs[name]
             out[name] = break_even(

@@ -16,7 +16,7 @@ import click
 
 from ..config import KV_TYPES, SPEC_KNOBS, LoadConfig, SamplingConfig, SpecConfig, default_threads
 from ..errors import UserError
-from ..ladder import LadderPaths
+from ..ladder import TIERS, LadderPaths
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -223,7 +223,7 @@ class LadderArgs:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> LadderArgs:
-        given = [params.get(k) for k in ("target", "qualifier", "draft")]
+        given = [params.get(k) for k in TIERS]
         if params.get("preset") and any(given):
             raise UserError(
                 "give either --preset or model paths (--target/--qualifier/--draft), not both"

@@ -136,7 +136,7 @@ class AutoRounds:
                 self.sampler,
                 self.stats.stage("ngram->target"),
             )
-            self.ngram_keep.record(match.length, len(block), v.n_accepted)
+            self.ngram_keep.record(match.length, len(block), v.n_accepted, choice.tokens - 1)
             return v.tokens, len(block)
         if choice.chain == "pyramid":
             return self._pyramid(choice, committed)

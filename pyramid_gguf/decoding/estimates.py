@@ -44,14 +44,23 @@ MATCH_BUCKETS = (2, 3, 4, 6, 9, 16, 32)
 #: 0.8-0.96 for longer ones), rounded down: longer matches copy better.
 FIRST_PRIOR = (0.4, 0.55, 0.7, 0.8, 0.85, 0.9, 0.9)
 NEXT_PRIOR = (0.75, 0.8, 0.85, 0.85, 0.9, 0.9, 0.9)
+#: Rounds' worth of weight of the starting assumption that these estimates are right.
+HISTORY_PRIOR = 3.0
 
 
 @dataclass
 class NGramAcceptance:
-    """Keep probabilities of n-gram proposals by match length."""
+    """Keep probabilities of n-gram proposals by match length, and how well they predict.
+
+    ``history`` compares the tokens the estimates promised per round with the tokens kept, over
+    the whole generation: text that copies (an edit) keeps more than any one bucket has seen
+    yet, prose that only echoes a phrase keeps less. Its ratio scales the first-token estimate
+    of every bucket (starting from 1, worth :data:`HISTORY_PRIOR` rounds).
+    """
 
     first: list[Rate] = field(default_factory=lambda: [Rate.prior(p) for p in FIRST_PRIOR])
     after: list[Rate] = field(default_factory=lambda: [Rate.prior(p) for p in NEXT_PRIOR])
+    history: Rate = field(default_factory=lambda: Rate(HISTORY_PRIOR, HISTORY_PRIOR))
 
     @staticmethod
     def bucket(match_len: int) -> int:
@@ -60,12 +69,15 @@ class NGramAcceptance:
     def estimate(self, match_len: int) -> tuple[float, float]:
         """``(first, next)``: keep probability of the first token and of each one after."""
         b = self.bucket(match_len)
-        return self.first[b].mean, self.after[b].mean
+        return min(0.99, self.first[b].mean * self.history.mean), self.after[b].mean
 
-    def record(self, match_len: int, proposed: int, kept: int) -> None:
-        """One verification of ``proposed`` tokens from a match of ``match_len``: ``kept``."""
+    def record(self, match_len: int, proposed: int, kept: int, promised: float = 0.0) -> None:
+        """One verification of ``proposed`` tokens from a match of ``match_len``: ``kept``;
+        ``promised``: the kept tokens the estimates expected when the block was chosen."""
         if proposed <= 0:
             return
+        if promised > 0:
+            self.history.add(kept, promised)
         b = self.bucket(match_len)
         self.first[b].add(int(kept > 0), 1)
         if kept > 0:

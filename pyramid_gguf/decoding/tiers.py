@@ -154,7 +154,7 @@ def load_ladder(
     files = {tier: check_gguf_path(p) for tier, p in paths.model_files().items()}
     models: dict[str, NativeModel] = {}
     try:
-        for tier in sorted(files, key=("target", "qualifier", "draft").index):
+        for tier in reversed(files):  # target first: the others are checked against it
             models[tier] = NativeModel(files[tier], (tier_loads or {}).get(tier, load))
         check_same_vocabulary(list(models.values()))
     except BaseException:
