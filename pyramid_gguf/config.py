@@ -75,6 +75,11 @@ class LoadConfig:
     #: llama.cpp's extra weight buffers (CPU repacking, AMX). None: on, unless this llama.cpp
     #: build has the AMX kernels that crash on batched decodes (native/handles.py).
     extra_buffers: bool | None = None
+    #: llama.cpp's op offload: large batches over weights kept on the CPU run on the GPU, the
+    #: weights copied through a compute buffer there (for a tier with no GPU layers, about its
+    #: output head plus the logits of one micro-batch). The planner turns it off for a tier
+    #: whose buffer does not fit the budget. No effect on a CPU-only build.
+    op_offload: bool = True
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
 

@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--max", type=int, default=16, help="largest batch timed")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--n-gpu-layers", type=int, default=-1)
+    ap.add_argument("--every", action="store_true", help="time every k (else 1..8 and a few)")
     out = ap.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true")
     out.add_argument("--csv", action="store_true")
@@ -44,7 +45,8 @@ def main() -> None:
         n_threads=args.threads,
         n_threads_batch=args.threads,
     )
-    sizes = tuple(sorted({*range(1, 9), *(k for k in SHOWN if k <= args.max), args.max}))
+    shown = range(1, args.max + 1) if args.every else (k for k in SHOWN if k <= args.max)
+    sizes = tuple(sorted({*range(1, 9), *shown, args.max}))
     curves = {}
     for path in args.models:
         with NativeModel(path, load) as m:

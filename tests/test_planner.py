@@ -224,6 +224,33 @@ def test_tier_load_config_and_apply_plan(tiny_ladder: dict[str, Path]) -> None:
     assert tier_load_config(q, "draft", base).flash_attn is True
 
 
+def test_zero_layer_tier_counts_its_op_offload_buffer(tiny_ladder: dict[str, Path]) -> None:
+    """A tier with no GPU layers still reserves a GPU buffer for llama.cpp's op offload (the
+    output head and one micro-batch of logits, measured on an H100); the plan gives it op
+    offload only where that fits, else turns it off, and never exceeds the budget."""
+    models = [(t, model_memory(p)) for t, p in tiny_ladder.items()]
+    load = LoadConfig(n_ctx=512, n_batch=64)
+    target = models[-1][1]
+    on = tier_plan("target", target, 0, load)
+    off = tier_plan("target", target, 0, load, op_offload=False)
+    assert on.gpu_bytes == target.head_bytes + target.compute_bytes(512, 64, logits=True)
+    assert off.gpu_bytes == 0 and not off.op_offload and on.op_offload
+    # Output layer alone on the GPU costs exactly what op offload reserves.
+    assert tier_plan("target", target, 1, load).gpu_bytes == on.gpu_bytes
+    lower = make_plan(models[:-1], 1 << 40, load, margin_bytes=0).gpu_bytes
+    for budget in (lower, lower + on.gpu_bytes - 1):
+        plan = make_plan(models, budget, load, margin_bytes=0)
+        top = plan.tiers[-1]
+        assert top.n_gpu_layers == 0 and not top.op_offload and top.gpu_bytes == 0
+        assert plan.gpu_bytes <= budget
+        assert tier_load_config(plan, "target", load).op_offload is False
+    # A partly offloaded tier blocks later tiers' layers, not their op offload when it fits.
+    mid = make_plan(models, lower - 1, load, margin_bytes=0)
+    assert not mid.tiers[-2].full and mid.tiers[-1].n_gpu_layers == 0
+    assert mid.gpu_bytes <= lower - 1
+    assert tier_load_config(mid, "draft", load).op_offload is True
+
+
 def test_margin_default(tiny_ladder: dict[str, Path]) -> None:
     assert planner.default_margin(GiB) == 256 * MiB
     assert planner.default_margin(100 * GiB) == 5 * GiB

@@ -55,6 +55,12 @@ def format_plan(p: Plan) -> str:
         f"n_gpu_layers: {flags}  (layers = llama.cpp's n_gpu_layers / n_layer+1; the output "
         "layer is offloaded first, token_embd stays on the CPU)"
     )
+    no_offload = [t.tier for t in p.tiers if not t.op_offload]
+    if no_offload:
+        lines.append(
+            f"op offload off for {', '.join(no_offload)}: its prompt batches stay on the CPU "
+            "(the GPU buffer they need does not fit)"
+        )
     return "\n".join(lines)
 
 

@@ -13,6 +13,13 @@ the CPU. (Older llama.cpp offloaded the last ``k`` blocks and the output layer o
 ``k = n + 1``; pass ``output_first=False`` to :func:`placement` for that rule.) A block's KV
 cache lives on the block's device.
 
+A tier with no GPU layers still reserves a GPU compute buffer on a GPU build: llama.cpp's op
+offload runs large batches (a prompt) over CPU weights on the GPU, copying the weights through
+that buffer, the output head the largest of them (measured on an H100: 669 MiB for an 8B
+with a 128k vocabulary at ``n_ubatch = 512``). It costs what ``k = 1`` costs, so the planner
+gives such a tier op offload only where that fits, and turns it off otherwise (the tier then
+takes no GPU memory at all).
+
 Host side: a tier that is not fully offloaded also gets a CPU buffer by the same formula (with
 the logits when the output layer stays on the CPU); a fully offloaded tier keeps only
 ``2 * n_ubatch * n_embd * 4`` of host staging.
@@ -74,6 +81,8 @@ class TierPlan:
     cpu_kv_bytes: int
     gpu_buffer_bytes: int
     cpu_buffer_bytes: int
+    #: llama.cpp's op offload (see the module docstring); only a zero-layer tier goes without.
+    op_offload: bool = True
 
     @property
     def full(self) -> bool:
@@ -94,9 +103,12 @@ class TierPlan:
         return d
 
 
-def tier_plan(tier: str, mm: ModelMemory, n_gpu_layers: int, load: LoadConfig) -> TierPlan:
+def tier_plan(
+    tier: str, mm: ModelMemory, n_gpu_layers: int, load: LoadConfig, *, op_offload: bool = True
+) -> TierPlan:
     """The memory split of ``mm`` loaded with ``n_gpu_layers`` (llama.cpp's counting), with
-    the context size, micro-batch and KV cache types of ``load``."""
+    the context size, micro-batch and KV cache types of ``load``; ``op_offload`` only matters
+    with no GPU layers (a GPU buffer for the output head and the logits, or nothing)."""
     n_ctx, n_ubatch = load.n_ctx, load.n_batch
     k = mm.n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, mm.n_layer + 1)
     blocks, output = placement(mm.n_layer, k)
@@ -106,7 +118,12 @@ def tier_plan(tier: str, mm: ModelMemory, n_gpu_layers: int, load: LoadConfig) -
     cells = padded_ctx(n_ctx)
     gpu_kv = cells * sum(kv_tok[first_gpu:])
     cpu_kv = cells * sum(kv_tok[:first_gpu])
-    gpu_buf = mm.compute_bytes(n_ctx, n_ubatch, logits=output) if k > 0 else 0
+    if k > 0:
+        gpu_buf = mm.compute_bytes(n_ctx, n_ubatch, logits=output)
+    elif op_offload:
+        gpu_buf = mm.head_bytes + mm.compute_bytes(n_ctx, n_ubatch, logits=True)
+    else:
+        gpu_buf = 0
     if blocks < mm.n_layer or not output:
         cpu_buf = mm.compute_bytes(n_ctx, n_ubatch, logits=not output)
     else:  # host staging of the input embeddings only
@@ -124,6 +141,7 @@ def tier_plan(tier: str, mm: ModelMemory, n_gpu_layers: int, load: LoadConfig) -
         cpu_kv_bytes=cpu_kv,
         gpu_buffer_bytes=gpu_buf,
         cpu_buffer_bytes=cpu_buf,
+        op_offload=op_offload or k > 0,
     )
 
 
@@ -189,7 +207,7 @@ def _place(
     out: list[TierPlan] = []
     blocked = False
     for tier, mm in models:
-        best = tier_plan(tier, mm, 0, load)
+        best = tier_plan(tier, mm, 0, load, op_offload=False)
         if not blocked:
             # gpu_bytes grows with n_gpu_layers: take the largest k that fits.
             for k in range(mm.n_layer + 1, 0, -1):
@@ -197,8 +215,11 @@ def _place(
                 if tp.gpu_bytes <= left:
                     best = tp
                     break
-            left -= best.gpu_bytes
             blocked = not best.full
+        else:  # no layers, but op offload where its buffer still fits
+            offload = tier_plan(tier, mm, 0, load)
+            best = offload if offload.gpu_bytes <= left else best
+        left -= best.gpu_bytes
         out.append(best)
     return tuple(out)
 
@@ -267,12 +288,14 @@ def apply_plan(plan: Plan, tier: str) -> int:
 
 
 def tier_load_config(plan: Plan, tier: str, base: LoadConfig) -> LoadConfig:
-    """``base`` with the plan's ``n_gpu_layers`` for ``tier`` and its KV cache types.
+    """``base`` with the plan's ``n_gpu_layers`` and op offload for ``tier`` and its KV cache
+    types.
 
     A quantized V cache needs flash attention, so ``flash_attn`` is forced on then.
     """
     changes: dict[str, Any] = {
         "n_gpu_layers": apply_plan(plan, tier),
+        "op_offload": plan.tier(tier).op_offload,
         "type_k": plan.load.type_k,
         "type_v": plan.load.type_v,
     }

@@ -118,6 +118,7 @@ class ContextHandle:
         params.type_k = _GGML_TYPES[cfg.type_k]
         params.type_v = _GGML_TYPES[cfg.type_v]
         params.no_perf = True
+        params.op_offload = cfg.op_offload
         params.flash_attn_type = {
             None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
             True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
