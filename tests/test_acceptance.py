@@ -128,6 +128,24 @@ def test_divergences_are_zero_on_equal_inputs_and_bounded() -> None:
     assert (acceptance.tv(a, b) <= 1.0).all()
 
 
+def test_divergences_match_scipy() -> None:
+    from scipy.spatial.distance import jensenshannon
+    from scipy.stats import entropy
+
+    g = rng(5)
+    a = g.normal(size=(4, V)) * 3
+    b = g.normal(size=(4, V)) * 3
+    b[1, :] = -1e4  # a proposer certain of one token: zeros in q
+    b[1, 7] = 10.0
+    p, q = probs(a), probs(b)
+    np.testing.assert_allclose(acceptance.js(a, b), jensenshannon(p, q, axis=1) ** 2, atol=1e-9)
+    kl = acceptance.kl(a, b)  # from logits: finite where q underflows to 0 (scipy: inf)
+    rows = [0, 2, 3]
+    np.testing.assert_allclose(kl[rows], entropy(p[rows], q[rows], axis=1), rtol=1e-9)
+    assert 1e3 < kl[1] < np.inf
+    np.testing.assert_allclose(acceptance.tv(a, b), 0.5 * np.abs(p - q).sum(axis=1), atol=1e-12)
+
+
 def chi_square_pvalue(samples: np.ndarray, expected_probs: np.ndarray) -> float:
     """Pearson chi-square goodness of fit, bins with expected count < 5 pooled."""
     n = len(samples)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import log_softmax, sample
+from .sampling import sample, softmax
 
 
 @dataclass(frozen=True)
@@ -32,34 +32,51 @@ class StageOutcome:
 # --- divergences on temperature-1 softmax of raw logits ---------------------------------------
 
 
+_LOG_FLOOR = -1e30
+
+
+def _dist(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Temperature-1 softmax and log-softmax with one ``exp``. ``[k, V] -> [k, V] x2``.
+
+    Masked (``-inf``) logits get a log-probability of ``-1e30``, not ``-inf``, so that
+    ``0 * log 0`` terms vanish; a KL that was infinite stays above any threshold.
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.maximum(z - np.max(z, axis=-1, keepdims=True), _LOG_FLOOR)
+    e = np.exp(z)
+    total = np.sum(e, axis=-1, keepdims=True)
+    return e / total, z - np.log(total)
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise ``sum a * b``. ``[k, V] x2 -> [k]``."""
+    return np.einsum("ij,ij->i", a, b)
+
+
 def js(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
-    """Jensen-Shannon divergence (natural log, at most ln 2) per row. ``[k, V] x2 -> [k]``."""
-    lp = log_softmax(verifier_logits)
-    lq = log_softmax(proposer_logits)
-    p, q = np.exp(lp), np.exp(lq)
-    with np.errstate(divide="ignore"):
-        lm = np.log(0.5 * (p + q))
-    return np.clip(0.5 * (_xlogy_diff(p, lp, lm) + _xlogy_diff(q, lq, lm)), 0.0, np.log(2.0))
+    """Jensen-Shannon divergence (natural log, at most ln 2) per row. ``[k, V] x2 -> [k]``.
+
+    ``(sum p log p + sum q log q) / 2 - sum m log m`` with ``m = (p + q) / 2``: two ``exp``
+    and one ``log`` over the vocabulary (the scheduler's largest cost in the fuzzy modes).
+    """
+    p, lp = _dist(np.atleast_2d(verifier_logits))
+    q, lq = _dist(np.atleast_2d(proposer_logits))
+    m = 0.5 * (p + q)
+    lm = np.log(m, out=np.zeros_like(m), where=m > 0)
+    return np.clip(0.5 * (_dot(p, lp) + _dot(q, lq)) - _dot(m, lm), 0.0, np.log(2.0))
 
 
 def kl(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
     """KL(p || q) per row, p the verifier. ``[k, V] x2 -> [k]``."""
-    lp = log_softmax(verifier_logits)
-    lq = log_softmax(proposer_logits)
-    return np.maximum(_xlogy_diff(np.exp(lp), lp, lq), 0.0)
-
-
-def _xlogy_diff(p: np.ndarray, log_p: np.ndarray, log_r: np.ndarray) -> np.ndarray:
-    """``sum p * (log_p - log_r)`` per row with ``0 * log 0 = 0``. ``[k, V] -> [k]``."""
-    with np.errstate(invalid="ignore"):
-        terms = np.where(p > 0, p * (log_p - log_r), 0.0)
-    return np.sum(terms, axis=-1)
+    p, lp = _dist(np.atleast_2d(verifier_logits))
+    _, lq = _dist(np.atleast_2d(proposer_logits))
+    return np.maximum(_dot(p, lp - lq), 0.0)
 
 
 def tv(verifier_logits: np.ndarray, proposer_logits: np.ndarray) -> np.ndarray:
     """Total variation distance per row. ``[k, V] x2 -> [k]``."""
-    p = np.exp(log_softmax(verifier_logits))
-    q = np.exp(log_softmax(proposer_logits))
+    p = softmax(np.atleast_2d(verifier_logits))
+    q = softmax(np.atleast_2d(proposer_logits))
     return 0.5 * np.sum(np.abs(p - q), axis=-1)
 
 

@@ -20,13 +20,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Temperature-1 log-softmax over the last axis, float64. ``[..., V] -> [..., V]``."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - np.max(z, axis=-1, keepdims=True)
-    return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
-
-
 def warp(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     """Warped distributions of raw logits: temperature, top-k, top-p, min-p, renormalised.
 
