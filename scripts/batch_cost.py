@@ -62,11 +62,11 @@ def main() -> None:
         for name, row in curves.items():
             w.writerows([name, k, round(s * 1000, 3)] for k, s in enumerate(row, start=1))
         return
-    shown = [k for k in SHOWN if k <= args.max]
-    print(f"{'model':<44}" + "".join(f"{k:>8}" for k in shown) + "   (ms per decode of k tokens)")
+    table = [k for k in SHOWN if k <= args.max]
+    print(f"{'model':<44}" + "".join(f"{k:>8}" for k in table) + "   (ms per decode of k tokens)")
     for name, row in curves.items():
-        print(f"{name[:43]:<44}" + "".join(f"{row[k - 1] * 1000:>8.1f}" for k in shown))
-        rel = "".join(f"{row[k - 1] / row[0]:>8.2f}" for k in shown)
+        print(f"{name[:43]:<44}" + "".join(f"{row[k - 1] * 1000:>8.1f}" for k in table))
+        rel = "".join(f"{row[k - 1] / row[0]:>8.2f}" for k in table)
         print(f"{'  relative to one token':<44}" + rel)
 
 

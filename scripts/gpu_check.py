@@ -72,7 +72,7 @@ def load_and_capture(
                 n_ctx=n_ctx,
                 n_gpu_layers=ngl,
                 op_offload=op_offload,
-                type_k=type_k,
+                type_k=type_k,  # type: ignore[arg-type]
                 type_v=type_k,  # type: ignore[arg-type]
                 flash_attn=True if type_k not in ("f16", "f32") else None,
             )

@@ -4,8 +4,8 @@ Synthetic models give real GPU timings but meaningless acceptance, real models o
 real acceptance but CPU timings. This combines the two through ``auto``'s own arithmetic
 (:mod:`pyramid_gguf.decoding.policy`)::
 
-    pyramid-gguf bench --modes sd,psd-exact,psd-a,psd-f --json > acceptance.json   # any machine
-    python scripts/gpu_predict.py docs/gpu-h100/batch_cost.json acceptance.json \\
+    pyramid-gguf bench --modes sd,psd-exact,psd-a,psd-f --csv acceptance.csv   # any machine
+    python scripts/gpu_predict.py docs/gpu-h100/batch_cost.json acceptance.csv \\
         --draft synthetic-llama-1b-q4_k_m.gguf --qualifier synthetic-llama-3b-q4_k_m.gguf \\
         --target synthetic-llama-8b-q4_k_m.gguf
 
@@ -17,38 +17,55 @@ Per mode it prints the predicted tok/s and speedup over ``target`` at the bench'
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pyramid_gguf.config import SpecConfig
 from pyramid_gguf.decoding.costs import CostCurve
 from pyramid_gguf.decoding.policy import MAX_L_D, choose, draft, expected_tokens, plain, pyramid
 
-#: Stage names in bench JSON, per role.
+FIXED_MODES = ("sd", "fsd", "psd-exact", "psd-a", "psd-f")
+#: Stage names in bench output, per role.
 DRAFT_TARGET = "draft->target"
 DRAFT_QUALIFIER = "draft->qualifier"
 QUALIFIER_TARGET = "qualifier->target"
 
 
-def keep_rate(stage: dict[str, Any]) -> float:
-    """Per-position keep probability of a stage from its verification histogram.
+def keep_rate(rate: float, k: int) -> float:
+    """Per-position keep probability ``a`` of a stage whose verifications of ``k`` proposals
+    kept a share ``rate`` of them: under the geometric model ``rate = a (1 - a^k) / ((1 - a) k)``,
+    solved by bisection (the share grows with ``a``)."""
 
-    ``histogram[j]`` counts verifications that kept ``j`` proposals; the last bin is a fully
-    kept block. Kept proposals over (kept + rejected ones) is the geometric model's estimate.
-    """
-    hist = stage["histogram"]
-    kept = sum(j * c for j, c in enumerate(hist))
-    rejected = sum(hist[:-1])
-    return kept / (kept + rejected) if kept + rejected else 0.0
+    def share(a: float) -> float:
+        return sum(a**j for j in range(1, k + 1)) / k
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if share(mid) < rate else (lo, mid)
+    return lo
 
 
-def rates(bench: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """``{mode: {stage: keep rate}}`` from a ``bench --json`` document."""
-    return {
-        row["label"]: {s["name"]: keep_rate(s) for s in row["stages"]}
-        for row in bench["rows"]
-        if row.get("stages")
-    }
+def rates(csv_path: Path, defaults: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{mode: {stage: keep probability}}`` from a ``bench --csv`` file: each stage's
+    acceptance rate over blocks of ``l_d`` (into the qualifier, or the target in ``sd``) or
+    ``l_q`` (into the target in a pyramid) proposals, the knobs of the row or ``defaults``."""
+    out: dict[str, dict[str, float]] = {}
+    with csv_path.open() as f:
+        for row in csv.DictReader(f):
+            if row["mode"] not in FIXED_MODES:
+                continue
+            knobs = {**defaults, **json.loads(row["knobs"])}
+            keep = {}
+            for part in row["stages"].split(";"):
+                name, values = part.split("=")
+                k = knobs["l_q"] if name == QUALIFIER_TARGET else knobs["l_d"]
+                keep[name] = keep_rate(float(values.split("/")[0]), int(k))
+            out[row["label"]] = keep
+    return out
 
 
 def fixed(
@@ -80,12 +97,21 @@ def best_fixed(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("costs", type=Path, help="scripts/batch_cost.py --json output")
-    ap.add_argument("acceptance", type=Path, help="pyramid-gguf bench --json output")
+    ap.add_argument("acceptance", type=Path, help="pyramid-gguf bench --csv output")
     ap.add_argument("--draft", required=True)
     ap.add_argument("--qualifier", required=True)
     ap.add_argument("--target", required=True)
     ap.add_argument("--l-d", type=int, default=4)
     ap.add_argument("--l-q", type=int, default=8)
+    ap.add_argument("--measured-l-d", type=int, help="l_d the bench ran (a preset's, say)")
+    ap.add_argument("--measured-l-q", type=int, help="l_q the bench ran")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="MODE:STAGE=P",
+        help="set a keep probability (what-if: another draft), e.g. sd:draft->target=0.83",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     ms = json.loads(args.costs.read_text())["ms_per_decode"]
@@ -97,7 +123,14 @@ def main() -> None:
             ("target", args.target),
         )
     }
-    keep = rates(json.loads(args.acceptance.read_text()))
+    measured = asdict(SpecConfig()) | {
+        k: v for k, v in (("l_d", args.measured_l_d), ("l_q", args.measured_l_q)) if v
+    }
+    keep = rates(args.acceptance, measured)
+    for item in args.set:  # MODE:STAGE=P, e.g. sd:draft->target=0.83
+        where, value = item.rsplit("=", 1)
+        mode, stage = where.split(":", 1)
+        keep.setdefault(mode, {})[stage] = float(value)
     base = 1.0 / c["target"](1)
     rows: list[dict[str, Any]] = []
     for mode, k in keep.items():

@@ -98,7 +98,7 @@ def test_ngram_acceptance_learns_per_match_length() -> None:
         est.record(40, proposed=8, kept=8)  # long matches: everything kept
         est.record(3, proposed=4, kept=0)  # short ones: nothing
     first, after = est.estimate(40)
-    assert first > 0.9 and after > 0.9
+    assert first > 0.9 * est.history.mean and after > 0.9  # history: no promises recorded
     assert est.estimate(3)[0] < 0.1
     assert est.estimate(2)[0] == short_prior  # another bucket: untouched
 
