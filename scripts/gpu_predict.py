@@ -84,14 +84,14 @@ def fixed(
 def best_fixed(
     mode: str, keep: dict[str, float], c: dict[str, CostCurve]
 ) -> tuple[float, int, int]:
-    """(tok/s, l_d, l_q) of a fixed mode at its best block sizes."""
-    best = (0.0, 0, 0)
-    for l_d in range(1, MAX_L_D + 1):
-        for l_q in range(1, 17) if mode.startswith("psd") else (0,):
-            tokens, seconds = fixed(mode, keep, c, l_d, l_q)
-            if tokens / seconds > best[0]:
-                best = (tokens / seconds, l_d, l_q)
-    return best
+    """(tok/s, l_d, l_q) of a fixed mode at its best block sizes: ``auto``'s own search
+    (:func:`policy.draft`, :func:`policy.pyramid`), no catch-up or round overhead."""
+    t, q, d = c["target"], c["qualifier"], c["draft"]
+    if mode in ("sd", "fsd"):
+        o = draft("draft", t, d, keep[DRAFT_TARGET], MAX_L_D, 0, 0.0)
+        return (o.rate, o.k, 0) if o else (0.0, 0, 0)
+    o = pyramid(t, q, d, keep[DRAFT_QUALIFIER], keep[QUALIFIER_TARGET], 16, (0, 0), 0.0)
+    return (o.rate, o.l_d, o.k) if o else (0.0, 0, 0)
 
 
 def main() -> None:

@@ -146,7 +146,7 @@ def main() -> None:
             f"{s:<6} {t:>12.1f} {med['auto'] / t:>6.2f}x {peer_x / t:>22.2f}x "
             f"{med['auto'] / peer_x:>16.2f}x"
         )
-        for kind in filter(None, args.also.split(",")):
+        for kind in kinds[1:]:
             print(f"{'':<6} llama.cpp {kind}: {med[f'llama.cpp {kind}'] / t:.2f}x target")
     print(f"\nplain decoding, 128 tokens: pyramid-gguf {ours_tg:.1f} tok/s, ", end="")
     print(f"llama-bench tg128 {tg.group(1) if tg else '?'} tok/s")
