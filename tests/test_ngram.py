@@ -24,6 +24,20 @@ def test_ties_go_to_the_newest_occurrence_and_the_suffix_itself_is_skipped() -> 
     assert NGramIndex([1, 2, 3, 4]).match([1, 2, 3, 4], 3, skip_last=True) is None
 
 
+def test_matches_in_the_prompt_or_the_pool_are_quoted() -> None:
+    prompt = [1, 2, 3, 40, 41]
+    answer = [9, 1, 2, 3]  # quotes the prompt
+    m = NGramDrafter().lookup(prompt + answer, 2, answer_start=len(prompt))
+    assert m is not None and m.quoted and m.continuation == [40, 41]
+    answer = [9, 7, 8, 50, 6, 7, 8]  # echoes itself
+    m = NGramDrafter().lookup(prompt + answer, 2, answer_start=len(prompt))
+    assert m is not None and not m.quoted and m.continuation == [50, 6]
+    pool = NGramPool()
+    pool.add([5, 6, 7, 8, 60])
+    m = NGramDrafter(pool).lookup([*prompt, 6, 7, 8], 1, answer_start=len(prompt))
+    assert m is not None and m.quoted and m.continuation == [60]
+
+
 def test_index_follows_a_growing_context_and_rebuilds_on_a_new_one() -> None:
     drafter = NGramDrafter()
     ctx = [1, 2, 3, 4, 1, 2]

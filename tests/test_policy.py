@@ -123,3 +123,49 @@ def test_ngram_history_scales_every_bucket() -> None:
     assert prose.estimate(20)[0] < 0.6 * untouched  # a bucket never tried is trusted less
     assert edit.estimate(20)[0] > untouched
     assert edit.estimate(20)[0] <= 0.99
+
+
+def test_a_round_may_lose_what_the_generation_saved() -> None:
+    """A block promising less than CONFIDENT_GAIN runs only when earlier savings cover its
+    loss (its whole cost, for the one token plain decoding would have made); a confident one
+    may also risk one plain token's time, once: not after the generation has lost."""
+    base = policy.Option("target", 0, 1.0, 1.0)
+    marginal = policy.Option("ngram", 3, 2.2, 2.0)  # 1.1x: above MIN_GAIN, not confident
+    assert policy.MIN_GAIN < marginal.rate < policy.CONFIDENT_GAIN
+    assert policy.Budget(base).allows(marginal)  # no ledger: the mean decides
+    assert not policy.Budget(base, 0.99).allows(marginal)
+    assert policy.Budget(base, 1.0).allows(marginal)
+    confident = policy.Option("ngram", 3, 2.6, 2.0)  # 1.3x, loses 1.0 if nothing is kept
+    assert policy.Budget(base, 0.0).allows(confident)
+    assert not policy.Budget(base, -0.01).allows(confident)
+    long_bet = policy.Option("ngram", 12, 5.2, 4.0)  # 1.3x, loses 3.0
+    assert not policy.Budget(base, 1.99).allows(long_bet)
+    assert policy.Budget(base, 2.0).allows(long_bet)
+
+
+def test_block_size_follows_the_budget() -> None:
+    """On the AVX-512 curve a copying match wants a long block; with no savings yet auto
+    proposes a short one, and grows it as the generation saves."""
+    base = policy.plain(AVX512, 0.0)
+    free = policy.ngram(AVX512, 0.95, 0.95, available=8, max_k=8, overhead=0.0)
+    budget = policy.Budget(base, 0.0)
+    short = policy.ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, budget)
+    assert free is not None and short is not None and short.k < free.k
+    assert short.seconds - base.seconds <= base.seconds
+    assert budget.refused == {"ngram"}
+    rich = policy.ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, policy.Budget(base, 1.0))
+    assert rich == free
+    weak = policy.Budget(base, 0.0)
+    assert policy.ngram(AVX512, 0.65, 0.8, 8, 8, 0.0, weak) is None
+    assert weak.refused == {"ngram"}  # worth running on average, refused for lack of savings
+
+
+def test_quoted_matches_are_trusted_more_than_echoes() -> None:
+    est = NGramAcceptance()
+    for n in (2, 3, 4, 6):
+        assert est.estimate(n, quoted=True)[0] > est.estimate(n, quoted=False)[0]
+    echo_before = est.estimate(3)
+    for _ in range(20):
+        est.record(3, proposed=3, kept=3, quoted=True)
+    assert est.estimate(3, quoted=True)[0] > 0.9 * est.history.mean
+    assert est.estimate(3) == echo_before  # the other source: untouched

@@ -10,6 +10,14 @@ same proposers and verification as the fixed modes, and learns from the outcome:
   its confidence no longer pays for the verification;
 - ``pyramid``: draft -> qualifier -> target (``psd-exact``).
 
+Each round's :class:`~.policy.Budget` limits what it may lose to what the speculative rounds so
+far saved over plain decoding (:attr:`.stats.AutoStats.savings`, priced by the same cost
+curves), plus one token's time for a confident bet. When plain decoding runs although the
+n-gram drafter had a block worth proposing, that block becomes a :class:`Shadow`: once the
+target's own tokens show how much of it would have been kept, it teaches the n-gram estimates
+and credits the budget (:data:`~.policy.SHADOW_CREDIT`), at no cost. Text that copies thus
+earns its first bets while decoding plainly; text that only echoes a phrase does not.
+
 Chains are lossless (exact rules) unless ``allow_lossy``, which makes the model chains use the
 fuzzy rules (``fsd``, ``psd-f`` with ``tau_t`` / ``tau_q``). Tiers other than the target are
 never prefilled: a model catches up on the committed text only if and when it is chosen.
@@ -18,6 +26,7 @@ never prefilled: a model catches up on the committed text only if and when it is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ..config import SpecConfig
 from . import policy
@@ -30,12 +39,26 @@ from .protocol import Block
 from .sampling import Sampler
 from .stage import StageRule, verify
 from .stats import AutoStats, GenerationStats
-from .tiers import Ladder, ModelTier
+from .tiers import Ladder, ModelTier, common_prefix
 
 #: Python time per round outside llama.cpp, in seconds (warping, acceptance, bookkeeping).
 #: A constant, not a measurement, so that decisions (and with them a seeded run's samples)
 #: depend only on the cached cost curves and the tokens, never on timing noise.
 ROUND_OVERHEAD = 4e-4
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """An n-gram block not proposed (plain decoding ran instead), to be settled against the
+    tokens committed from position ``at`` on. ``option``: its price and promise then."""
+
+    at: int
+    match: Match
+    option: Option
+
+    @property
+    def block(self) -> list[int]:
+        return self.match.continuation[: self.option.k]
 
 
 class AutoRounds:
@@ -68,22 +91,30 @@ class AutoRounds:
         self.drafters = [t for t in (ladder.draft, ladder.qualifier) if isinstance(t, ModelTier)]
         self.overhead = ROUND_OVERHEAD
         self.auto = stats.auto = AutoStats()
+        #: Where the answer starts in the committed tokens (set by the first round): n-gram
+        #: matches before it quote the prompt.
+        self.answer_start: int | None = None
+        self.shadows: list[Shadow] = []
 
     # --- choosing --------------------------------------------------------------------------
 
-    def options(self, committed: Sequence[int], max_k: int, match: Match | None) -> list[Option]:
-        """Every chain at its best block size, plain decoding first."""
+    def options(
+        self, committed: Sequence[int], max_k: int, match: Match | None, budget: policy.Budget
+    ) -> list[Option]:
+        """Every chain at its best block size within ``budget``."""
         c_t = self.costs["target"]
-        out = [policy.plain(c_t, self.overhead)]
+        out = []
         if match is not None:  # any length: the estimates say what a match length is worth
-            first, after = self.ngram_keep.estimate(match.length)
+            first, after = self.ngram_keep.estimate(match.length, quoted=match.quoted)
             n = len(match.continuation)
-            option = policy.ngram(c_t, first, after, n, max_k, self.overhead)
+            option = policy.ngram(c_t, first, after, n, max_k, self.overhead, budget)
             out += [option] if option else []
         for m in self.drafters:
             keep = self.chain_keep.rate(self._stage(m.name, "target"))
             lag = m.lag(committed)
-            option = policy.draft(m.name, c_t, self.costs[m.name], keep, max_k, lag, self.overhead)
+            option = policy.draft(
+                m.name, c_t, self.costs[m.name], keep, max_k, lag, self.overhead, budget
+            )
             out += [option] if option else []
         d, q = self.ladder.draft, self.ladder.qualifier
         if isinstance(d, ModelTier) and q is not None:
@@ -96,6 +127,7 @@ class AutoRounds:
                 max_k,
                 (d.lag(committed), q.lag(committed)),
                 self.overhead,
+                budget,
             )
             out += [option] if option else []
         return out
@@ -107,16 +139,52 @@ class AutoRounds:
     # --- running ---------------------------------------------------------------------------
 
     def run(self, committed: list[int], room: int) -> list[int]:
+        if self.answer_start is None:
+            self.answer_start = len(committed)
         max_k = min(self.spec.max_block, room - 1) if room > 1 else 0
-        match = self.drafter.lookup(committed, max_k) if max_k > 0 else None
-        options = self.options(committed, max_k, match) if max_k > 0 else []
-        base = options[0] if options else policy.plain(self.costs["target"], self.overhead)
-        choice = policy.choose(base, options[1:])
-        for o in options[1:]:
-            self.auto.outlook[o.chain] = o.rate / base.rate
+        match = self.drafter.lookup(committed, max_k, self.answer_start) if max_k > 0 else None
+        base = policy.plain(self.costs["target"], self.overhead)
+        self._settle(committed, base)
+        budget = policy.Budget(base, self.auto.savings + self.auto.shadow_credit)
+        options = self.options(committed, max_k, match, budget) if max_k > 0 else []
+        choice = policy.choose(base, options)
+        if choice is base and budget.refused:
+            self.auto.unfunded += 1
+        if choice is base and match is not None:
+            self._shadow(committed, match, max_k, base)
+        for chain, rate in budget.outlook.items():
+            self.auto.outlook[chain] = rate / base.rate
         new, proposed = self._execute(choice, committed, match)
         self.auto.record(choice.chain, proposed, len(new))
+        if choice is not base:  # what this round saved (or lost) against plain decoding
+            self.auto.savings += len(new) * base.seconds - choice.seconds
         return new
+
+    def _shadow(self, committed: Sequence[int], match: Match, max_k: int, base: Option) -> None:
+        """Keep the n-gram block this plain round did not propose, when it was worth it."""
+        first, after = self.ngram_keep.estimate(match.length, quoted=match.quoted)
+        n = len(match.continuation)
+        option = policy.ngram(self.costs["target"], first, after, n, max_k, self.overhead)
+        if option is not None and option.rate >= policy.MIN_GAIN * base.rate:
+            self.shadows.append(Shadow(len(committed), match, option))
+
+    def _settle(self, committed: Sequence[int], base: Option) -> None:
+        """Settle the shadows the committed tokens now decide: the target kept (or sampled)
+        their first ``kept`` tokens, exactly what verifying them would have kept under greedy
+        decoding, and as likely under sampling."""
+        pending = []
+        for s in self.shadows:
+            block = s.block
+            seen = committed[s.at : s.at + len(block)]
+            kept = common_prefix(block, seen)
+            if kept == len(seen) < len(block):
+                pending.append(s)  # not decided yet
+                continue
+            self.ngram_keep.record(s.match.length, len(block), kept, quoted=s.match.quoted)
+            gain = (kept + 1) * base.seconds - s.option.seconds
+            self.auto.shadow_credit += gain * policy.SHADOW_CREDIT if gain > 0 else gain
+            self.auto.shadows += 1
+        self.shadows = pending
 
     def _execute(
         self, choice: Option, committed: list[int], match: Match | None
@@ -136,7 +204,9 @@ class AutoRounds:
                 self.sampler,
                 self.stats.stage("ngram->target"),
             )
-            self.ngram_keep.record(match.length, len(block), v.n_accepted, choice.tokens - 1)
+            self.ngram_keep.record(
+                match.length, len(block), v.n_accepted, choice.tokens - 1, quoted=match.quoted
+            )
             return v.tokens, len(block)
         if choice.chain == "pyramid":
             return self._pyramid(choice, committed)

@@ -30,10 +30,16 @@ MAX_CANDIDATES = 64
 
 @dataclass(frozen=True)
 class Match:
-    """A suffix match: ``length`` tokens matched, then the ``continuation`` that followed."""
+    """A suffix match: ``length`` tokens matched, then the ``continuation`` that followed.
+
+    ``quoted``: the match lies in text the answer was given (its prompt, or the shared pool),
+    not in the answer itself. Answers that quote their prompt (an edit) copy on; an answer
+    that echoes its own short phrase usually does not.
+    """
 
     length: int
     continuation: list[int]
+    quoted: bool = False
 
 
 class NGramIndex:
@@ -65,10 +71,13 @@ class NGramIndex:
             self.tokens, self._ends = [], {}
             self.extend(context)
 
-    def match(self, suffix: Sequence[int], max_tokens: int, *, skip_last: bool) -> Match | None:
+    def match(
+        self, suffix: Sequence[int], max_tokens: int, *, skip_last: bool, quoted_before: int = 0
+    ) -> Match | None:
         """The longest earlier occurrence of ``suffix``'s tail in this sequence.
 
         ``skip_last``: ``suffix`` is this sequence itself, so its own end is not a match.
+        ``quoted_before``: matches ending before this position are :attr:`Match.quoted`.
         Returns None when no occurrence of at least :data:`KEY` tokens has a continuation.
         """
         if len(suffix) < KEY or max_tokens < 1:
@@ -95,7 +104,8 @@ class NGramIndex:
                     break
         if best_end < 0 or best_end + 1 >= len(seq):
             return None
-        return Match(best_len, seq[best_end + 1 : best_end + 1 + max_tokens])
+        continuation = seq[best_end + 1 : best_end + 1 + max_tokens]
+        return Match(best_len, continuation, quoted=best_end < quoted_before)
 
 
 class NGramPool:
@@ -123,7 +133,7 @@ class NGramPool:
             docs = list(self._docs)
         best: Match | None = None
         for doc in reversed(docs):  # newest first: it wins ties
-            m = doc.match(suffix, max_tokens, skip_last=False)
+            m = doc.match(suffix, max_tokens, skip_last=False, quoted_before=len(doc))
             if m is not None and (best is None or m.length > best.length):
                 best = m
         return best
@@ -136,11 +146,14 @@ class NGramDrafter:
         self.index = NGramIndex()
         self.pool = pool
 
-    def lookup(self, context: Sequence[int], max_tokens: int) -> Match | None:
+    def lookup(
+        self, context: Sequence[int], max_tokens: int, answer_start: int = 0
+    ) -> Match | None:
         """The longest match of ``context``'s suffix: in ``context`` itself, else in the pool
-        when the pool's is longer."""
+        when the pool's is longer. Matches before ``answer_start`` (the prompt) and in the
+        pool are quoted."""
         self.index.sync(context)
-        own = self.index.match(context, max_tokens, skip_last=True)
+        own = self.index.match(context, max_tokens, skip_last=True, quoted_before=answer_start)
         if self.pool is None:
             return own
         pooled = self.pool.match(context, max_tokens)

@@ -102,11 +102,18 @@ class AutoStats:
 
     ``choices``: rounds per chain. ``outlook``: each chain's best predicted speedup over
     plain decoding at its last evaluation (cost curves x learned acceptance), the reason
-    behind the choices.
+    behind the choices. ``savings``: seconds the speculative rounds saved over plain decoding,
+    by the cost model (negative: lost). ``shadows``: n-gram blocks settled against plainly
+    decoded tokens instead of proposed, crediting the budget ``shadow_credit`` seconds.
+    ``unfunded``: rounds decoded plainly because the budget allowed no block worth running.
     """
 
     choices: dict[str, ChoiceStats] = field(default_factory=dict)
     outlook: dict[str, float] = field(default_factory=dict)
+    savings: float = 0.0
+    shadows: int = 0
+    shadow_credit: float = 0.0
+    unfunded: int = 0
 
     def record(self, chain: str, proposed: int, committed: int) -> None:
         c = self.choices.setdefault(chain, ChoiceStats(chain))
@@ -135,12 +142,21 @@ class AutoStats:
             f"{k} {v:.2f}x" for k, v in sorted(self.outlook.items(), key=lambda kv: -kv[1])
         )
         lines.append(f"auto: predicted speedup over target: {outlook or 'no chain to try'}")
+        lines.append(
+            f"auto: budget: speculation saved {self.savings:.3f} s by the cost model, "
+            f"{self.shadows} shadow blocks credited {self.shadow_credit:.3f} s; "
+            f"{self.unfunded} rounds plain for lack of budget"
+        )
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "choices": [c.to_dict() for c in self.choices.values()],
             "outlook": {k: round(v, 3) for k, v in self.outlook.items()},
+            "savings_s": round(self.savings, 4),
+            "shadows": self.shadows,
+            "shadow_credit_s": round(self.shadow_credit, 4),
+            "unfunded": self.unfunded,
         }
 
 
