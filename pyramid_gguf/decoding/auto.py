@@ -46,6 +46,10 @@ from .tiers import Ladder, ModelTier, common_prefix
 #: depend only on the cached cost curves and the tokens, never on timing noise.
 ROUND_OVERHEAD = 4e-4
 
+#: A model chain as :class:`AutoRounds` prices it: its name, its stages' keep rates and the
+#: tiers whose lag behind the committed text it pays for.
+ModelChain = tuple[str, tuple[float, ...], tuple[ModelTier, ...]]
+
 
 @dataclass(frozen=True)
 class Shadow:
@@ -95,42 +99,74 @@ class AutoRounds:
         #: matches before it quote the prompt.
         self.answer_start: int | None = None
         self.shadows: list[Shadow] = []
+        self._bounds: dict[tuple[str, tuple[float, ...], int], float] = {}
 
     # --- choosing --------------------------------------------------------------------------
 
     def options(
         self, committed: Sequence[int], max_k: int, match: Match | None, budget: policy.Budget
     ) -> list[Option]:
-        """Every chain at its best block size within ``budget``."""
-        c_t = self.costs["target"]
+        """Every chain at its best block size within ``budget``. A model chain whose bound
+        (:meth:`_bound`) cannot beat plain decoding is not priced: it could not be chosen."""
         out = []
         if match is not None:  # any length: the estimates say what a match length is worth
             first, after = self.ngram_keep.estimate(match.length, quoted=match.quoted)
             n = len(match.continuation)
+            c_t = self.costs["target"]
             option = policy.ngram(c_t, first, after, n, max_k, self.overhead, budget)
             out += [option] if option else []
-        for m in self.drafters:
-            keep = self.chain_keep.rate(self._stage(m.name, "target"))
-            lag = m.lag(committed)
-            option = policy.draft(
-                m.name, c_t, self.costs[m.name], keep, max_k, lag, self.overhead, budget
-            )
-            out += [option] if option else []
-        d, q = self.ladder.draft, self.ladder.qualifier
-        if isinstance(d, ModelTier) and q is not None:
-            option = policy.pyramid(
-                c_t,
-                self.costs["qualifier"],
-                self.costs["draft"],
-                self.chain_keep.rate(self._stage("draft", "qualifier")),
-                self.chain_keep.rate(self._stage("qualifier", "target")),
-                max_k,
-                (d.lag(committed), q.lag(committed)),
-                self.overhead,
-                budget,
-            )
+        for chain, keeps, tiers in self._model_chains():
+            bound = self._bound(chain, keeps, max_k)
+            if bound < policy.MIN_GAIN * budget.base.rate:
+                budget.outlook[chain] = bound
+                continue
+            lags = tuple(t.lag(committed) for t in tiers)
+            option = self._price(chain, keeps, max_k, lags, budget)
             out += [option] if option else []
         return out
+
+    def _model_chains(self) -> list[ModelChain]:
+        """``(chain, keep rates, tiers that may lag)`` of every model chain of the ladder."""
+        out: list[ModelChain] = []
+        for m in self.drafters:
+            out.append((m.name, (self.chain_keep.rate(self._stage(m.name, "target")),), (m,)))
+        d, q = self.ladder.draft, self.ladder.qualifier
+        if isinstance(d, ModelTier) and q is not None:
+            keeps = (
+                self.chain_keep.rate(self._stage("draft", "qualifier")),
+                self.chain_keep.rate(self._stage("qualifier", "target")),
+            )
+            out.append(("pyramid", keeps, (d, q)))
+        return out
+
+    def _price(
+        self,
+        chain: str,
+        keeps: tuple[float, ...],
+        max_k: int,
+        lags: tuple[int, ...],
+        budget: policy.Budget | None,
+    ) -> Option | None:
+        c_t = self.costs["target"]
+        if chain == "pyramid":
+            c_q, c_d = self.costs["qualifier"], self.costs["draft"]
+            keep_dq, keep_qt = keeps
+            lag_pair = (lags[0], lags[1])
+            return policy.pyramid(
+                c_t, c_q, c_d, keep_dq, keep_qt, max_k, lag_pair, self.overhead, budget
+            )
+        c_m = self.costs[chain]
+        return policy.draft(chain, c_t, c_m, keeps[0], max_k, lags[0], self.overhead, budget)
+
+    def _bound(self, chain: str, keeps: tuple[float, ...], max_k: int) -> float:
+        """The best expected tokens per second of a model chain at these keep rates, caught up
+        and without a budget: what it can promise at most until its keep rates change (which
+        takes a round of it), cached."""
+        key = (chain, keeps, max_k)
+        if key not in self._bounds:
+            option = self._price(chain, keeps, max_k, (0, 0), None)
+            self._bounds[key] = option.rate if option else 0.0
+        return self._bounds[key]
 
     def _stage(self, lower: str, upper: str) -> str:
         rule = self.top_rule if upper == "target" else self.stage1_rule
