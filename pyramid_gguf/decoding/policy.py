@@ -11,10 +11,11 @@ Estimates are means, and a mean that promises a little (a few percent) is wrong 
 as it is right: text that does not copy pays for every such bet and wins none. So every round
 has a :class:`Budget`: what it loses if nothing is kept (its whole cost, for the one token plain
 decoding would have made) must be covered by what earlier rounds of the same generation saved
-over plain decoding (by the same cost model); a round promising :data:`CONFIDENT_GAIN` may also
-risk one plain token's time of its own. Text that copies pays for marginal and long blocks;
-text that does not loses at most one token's time per generation.
-Pure Python (docs/ALGORITHMS.md, "The cost model and auto").
+over plain decoding (by the same cost model), and by the credit of shadow blocks (blocks not
+proposed, settled against the tokens decoded instead: :data:`SHADOW_CREDIT`); a round promising
+:data:`CONFIDENT_GAIN` may also risk one plain token's time of its own. Text that copies pays
+for marginal and long blocks; text that does not loses at most one token's time beyond what it
+earned. Pure Python (docs/ALGORITHMS.md, "The cost model and auto").
 """
 
 from __future__ import annotations
