@@ -99,7 +99,7 @@ class AutoRounds:
         #: matches before it quote the prompt.
         self.answer_start: int | None = None
         self.shadows: list[Shadow] = []
-        self._bounds: dict[tuple[str, tuple[float, ...], int], float] = {}
+        self._bounds: dict[tuple[str, tuple[float, ...], int], Option | None] = {}
 
     # --- choosing --------------------------------------------------------------------------
 
@@ -117,8 +117,9 @@ class AutoRounds:
             out += [option] if option else []
         for chain, keeps, tiers in self._model_chains():
             bound = self._bound(chain, keeps, max_k)
-            if bound < policy.MIN_GAIN * budget.base.rate:
-                budget.outlook[chain] = bound
+            if bound is None or bound.rate < policy.MIN_GAIN * budget.base.rate:
+                if bound is not None:
+                    budget.best[chain] = bound
                 continue
             lags = tuple(t.lag(committed) for t in tiers)
             option = self._price(chain, keeps, max_k, lags, budget)
@@ -158,14 +159,13 @@ class AutoRounds:
         c_m = self.costs[chain]
         return policy.draft(chain, c_t, c_m, keeps[0], max_k, lags[0], self.overhead, budget)
 
-    def _bound(self, chain: str, keeps: tuple[float, ...], max_k: int) -> float:
-        """The best expected tokens per second of a model chain at these keep rates, caught up
-        and without a budget: what it can promise at most until its keep rates change (which
-        takes a round of it), cached."""
+    def _bound(self, chain: str, keeps: tuple[float, ...], max_k: int) -> Option | None:
+        """The best option of a model chain at these keep rates, caught up and without a
+        budget: the most it can promise until its keep rates change (which takes a round of
+        it), cached."""
         key = (chain, keeps, max_k)
         if key not in self._bounds:
-            option = self._price(chain, keeps, max_k, (0, 0), None)
-            self._bounds[key] = option.rate if option else 0.0
+            self._bounds[key] = self._price(chain, keeps, max_k, (0, 0), None)
         return self._bounds[key]
 
     def _stage(self, lower: str, upper: str) -> str:
@@ -186,22 +186,21 @@ class AutoRounds:
         choice = policy.choose(base, options)
         if choice is base and budget.refused:
             self.auto.unfunded += 1
-        if choice is base and match is not None:
-            self._shadow(committed, match, max_k, base)
-        for chain, rate in budget.outlook.items():
-            self.auto.outlook[chain] = rate / base.rate
+        shadow = budget.best.get("ngram")
+        if choice is base and match is not None and shadow is not None:
+            self._shadow(committed, match, shadow, base)
+        for chain, best in budget.best.items():
+            self.auto.outlook[chain] = best.rate / base.rate
         new, proposed = self._execute(choice, committed, match)
         self.auto.record(choice.chain, proposed, len(new))
         if choice is not base:  # what this round saved (or lost) against plain decoding
             self.auto.savings += len(new) * base.seconds - choice.seconds
         return new
 
-    def _shadow(self, committed: Sequence[int], match: Match, max_k: int, base: Option) -> None:
-        """Keep the n-gram block this plain round did not propose, when it was worth it."""
-        first, after = self.ngram_keep.estimate(match.length, quoted=match.quoted)
-        n = len(match.continuation)
-        option = policy.ngram(self.costs["target"], first, after, n, max_k, self.overhead)
-        if option is not None and option.rate >= policy.MIN_GAIN * base.rate:
+    def _shadow(self, committed: Sequence[int], match: Match, option: Option, base: Option) -> None:
+        """Keep the n-gram block this plain round did not propose (``option``: its best block
+        without a budget), when it was worth it."""
+        if option.rate >= policy.MIN_GAIN * base.rate:
             self.shadows.append(Shadow(len(committed), match, option))
 
     def _settle(self, committed: Sequence[int], base: Option) -> None:

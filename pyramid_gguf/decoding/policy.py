@@ -88,18 +88,21 @@ class Budget:
     up to ``savings`` plus one plain token's time when it promises :data:`CONFIDENT_GAIN`. So a
     generation never loses more than one token's time beyond what it earned.
 
-    For the ``-v`` report it notes what it was asked about: ``outlook``, each chain's best
-    expected tokens per second, allowed or not; ``refused``, chains that had a block worth
-    running (:data:`MIN_GAIN`) it did not allow.
+    It notes what it was asked about: ``best``, each chain's option with the most expected
+    tokens per second, allowed or not (what the chain would run without a budget: the ``-v``
+    outlook, and an n-gram shadow block); ``refused``, chains that had a block worth running
+    (:data:`MIN_GAIN`) it did not allow.
     """
 
     base: Option
     savings: float = math.inf
-    outlook: dict[str, float] = field(default_factory=dict)
+    best: dict[str, Option] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)
 
     def allows(self, option: Option) -> bool:
-        self.outlook[option.chain] = max(self.outlook.get(option.chain, 0.0), option.rate)
+        seen = self.best.get(option.chain)
+        if seen is None or option.rate > seen.rate:  # the first of equals, as best_block
+            self.best[option.chain] = option
         loss = option.seconds - self.base.seconds
         stake = self.base.seconds if option.rate >= CONFIDENT_GAIN * self.base.rate else 0.0
         ok = loss <= self.savings + stake
