@@ -1,13 +1,19 @@
-"""pyramid-gguf: Pyramid speculative decoding (draft -> qualifier -> target) over llama.cpp."""
+"""pyramid-gguf: Pyramid speculative decoding (draft -> qualifier -> target) over llama.cpp.
 
-# llama.cpp's libraries load before numpy's: in a PyTorch environment with numpy 2.5 on an H100
-# machine, loading a CUDA model segfaulted when numpy had been imported first (README, "On a
-# GPU"). Every submodule import runs this file first.
-import llama_cpp  # noqa: F401
+The public API (:class:`Pyramid` and its results) loads llama.cpp when first used, so the
+pure parts (``pyramid_gguf.decoding.acceptance``, the planner's arithmetic, the configs) import
+without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .config import LoadConfig, SamplingConfig, SpecConfig
 from .ladder import NGRAM, LadderPaths
-from .serving.api import Completion, Pyramid, Response
+
+if TYPE_CHECKING:
+    from .api import Completion, Pyramid, Response
 
 __all__ = [
     "NGRAM",
@@ -19,3 +25,13 @@ __all__ = [
     "SamplingConfig",
     "SpecConfig",
 ]
+
+_API = ("Completion", "Pyramid", "Response")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from . import api  # loads llama.cpp (before numpy: see api.py)
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'pyramid_gguf' has no attribute {name!r}")

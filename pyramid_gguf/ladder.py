@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from .modes import check_mode
+
 #: Tier names, smallest first (also the planner's placement order).
 TIERS: Final = ("draft", "qualifier", "target")
 
@@ -45,6 +47,33 @@ def draft_source(value: str | Path | NGram | None) -> Path | NGram | None:
 
 
 @dataclass(frozen=True)
+class LadderShape:
+    """Which tiers a ladder holds, before or after loading: its model tiers by name (smallest
+    first, the target last) and whether the n-gram drafter fills the draft tier."""
+
+    models: tuple[str, ...] = ("target",)
+    ngram: bool = False
+
+    @property
+    def has_draft(self) -> bool:
+        return self.ngram or "draft" in self.models
+
+    @property
+    def has_qualifier(self) -> bool:
+        return "qualifier" in self.models
+
+    @property
+    def n_tiers(self) -> int:
+        """Tiers present: 1 (target), 2 (+ draft) or 3 (+ draft and qualifier)."""
+        return 1 + self.has_draft + (self.has_draft and self.has_qualifier)
+
+    def check(self, mode: str) -> None:
+        """A one-line :class:`~pyramid_gguf.errors.UserError` when ``mode`` needs a tier this
+        ladder lacks."""
+        check_mode(mode, has_draft=self.has_draft, has_qualifier=self.has_qualifier)
+
+
+@dataclass(frozen=True)
 class LadderPaths:
     """The files of a ladder: a target, optionally a qualifier and a draft (or :data:`NGRAM`)."""
 
@@ -67,13 +96,15 @@ class LadderPaths:
     @property
     def n_tiers(self) -> int:
         """Tiers present: 1 (target), 2 (+ draft) or 3 (+ draft and qualifier)."""
-        if self.draft is None:
-            return 1
-        return 3 if self.qualifier is not None else 2
+        return self.shape.n_tiers
 
     @property
     def ngram(self) -> bool:
         return isinstance(self.draft, NGram)
+
+    @property
+    def shape(self) -> LadderShape:
+        return LadderShape(tuple(self.model_files()), self.ngram)
 
     def get(self, tier: str) -> Path | NGram | None:
         """The file (or drafter) of ``tier``."""

@@ -24,8 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from pyramid_gguf.config import SpecConfig
+from pyramid_gguf.decoding.chains import Chain, ladder_chains
 from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.policy import MAX_L_D, choose, draft, expected_tokens, plain, pyramid
+from pyramid_gguf.decoding.policy import MAX_L_D, choose, expected_tokens, plain
+from pyramid_gguf.ladder import LadderShape
+
+#: auto's chains over a draft / qualifier / target ladder, by name.
+CHAINS: dict[str, Chain] = {
+    c.name: c for c in ladder_chains(LadderShape(("draft", "qualifier", "target")), SpecConfig())
+}
 
 FIXED_MODES = ("sd", "fsd", "psd-exact", "psd-a", "psd-f")
 #: Stage names in bench output, per role.
@@ -85,12 +92,13 @@ def best_fixed(
     mode: str, keep: dict[str, float], c: dict[str, CostCurve]
 ) -> tuple[float, int, int]:
     """(tok/s, l_d, l_q) of a fixed mode at its best block sizes: ``auto``'s own search
-    (:func:`policy.draft`, :func:`policy.pyramid`), no catch-up or round overhead."""
-    t, q, d = c["target"], c["qualifier"], c["draft"]
+    (:meth:`Chain.price`), no catch-up or round overhead."""
     if mode in ("sd", "fsd"):
-        o = draft("draft", t, d, keep[DRAFT_TARGET], MAX_L_D, 0, 0.0)
+        a = keep[DRAFT_TARGET]
+        o = CHAINS["draft"].price(c, [(a, a)], MAX_L_D, overhead=0.0).best
         return (o.rate, o.k, 0) if o else (0.0, 0, 0)
-    o = pyramid(t, q, d, keep[DRAFT_QUALIFIER], keep[QUALIFIER_TARGET], 16, (0, 0), 0.0)
+    dq, qt = keep[DRAFT_QUALIFIER], keep[QUALIFIER_TARGET]
+    o = CHAINS["pyramid"].price(c, [(dq, dq), (qt, qt)], 16, overhead=0.0).best
     return (o.rate, o.l_d, o.k) if o else (0.0, 0, 0)
 
 
@@ -144,17 +152,14 @@ def main() -> None:
         })  # fmt: skip
     exact = keep.get("psd-exact", {})
     sd_keep = keep.get("sd", {}).get(DRAFT_TARGET, 0.0)
+    dq, qt = exact.get(DRAFT_QUALIFIER, 0.0), exact.get(QUALIFIER_TARGET, 0.0)
     auto = choose(
         plain(c["target"], 0.0),
         [
-            draft("draft", c["target"], c["draft"], sd_keep, 16, 0, 0.0),
-            pyramid(
-                c["target"], c["qualifier"], c["draft"],
-                exact.get(DRAFT_QUALIFIER, 0.0), exact.get(QUALIFIER_TARGET, 0.0),
-                16, (0, 0), 0.0,
-            ),
+            CHAINS["draft"].price(c, [(sd_keep, sd_keep)], 16, overhead=0.0).best,
+            CHAINS["pyramid"].price(c, [(dq, dq), (qt, qt)], 16, overhead=0.0).best,
         ],
-    )  # fmt: skip
+    )
     result: dict[str, Any] = {
         "target_tps": round(base, 1),
         "modes": rows,

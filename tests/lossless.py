@@ -16,13 +16,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from pyramid_gguf.api import Pyramid
 from pyramid_gguf.config import SamplingConfig, SpecConfig
 from pyramid_gguf.decoding.costs import CostCurve
 from pyramid_gguf.decoding.engine import decode, make_rounds
 from pyramid_gguf.decoding.sampling import Sampler
 from pyramid_gguf.decoding.stats import GenerationStats
 from pyramid_gguf.native import supports_gpu_offload
-from pyramid_gguf.serving.api import Pyramid
 
 #: Stated bounds on how far under the target's top logit either token of a permitted
 #: divergence may be. Tiny f32 models: batched and one-token logits differ by ~1e-4 here.

@@ -175,7 +175,7 @@ def test_interrupted_json_keeps_the_partial_answer(
 ) -> None:
     """Ctrl-C in the middle of ``run --json``: the JSON object still comes, with the text so
     far and ``finish_reason: interrupted``, and the exit status is 130."""
-    from pyramid_gguf.serving.api import Pyramid
+    from pyramid_gguf.api import Pyramid
 
     real_stream = Pyramid.stream
 

@@ -11,7 +11,7 @@ from lossless import kernel_atol
 
 from pyramid_gguf.config import LoadConfig
 from pyramid_gguf.errors import ContextOverflow, ModelFileError
-from pyramid_gguf.models.gguf_header import check_gguf_path
+from pyramid_gguf.files import check_gguf_path
 from pyramid_gguf.native import NativeModel
 
 TEXT = "the model of the tree and the graph return data"

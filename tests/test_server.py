@@ -27,9 +27,9 @@ from click.testing import CliRunner
 from openai.types.chat import ChatCompletionMessageParam
 from synth import CHATML_TEMPLATE, write_tiny_llama
 
+from pyramid_gguf.api import Pyramid
 from pyramid_gguf.cli.main import main
 from pyramid_gguf.config import LoadConfig, SpecConfig
-from pyramid_gguf.serving.api import Pyramid
 from pyramid_gguf.serving.app import create_app
 from pyramid_gguf.serving.settings import ServerSettings, resolve_chat_format
 

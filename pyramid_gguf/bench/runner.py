@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api import Pyramid
 from ..config import SamplingConfig
 from ..decoding.stats import GenerationStats
 from ..errors import UserError
-from ..serving.api import Pyramid
 from .grid import BenchConfig
 from .prompts import BenchPrompt
 

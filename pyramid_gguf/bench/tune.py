@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..api import Pyramid
 from ..config import SamplingConfig, SpecConfig, cache_home
 from ..errors import UserError
 from ..ladder import TIERS, LadderPaths, NGram
-from ..serving.api import Pyramid
 from .grid import BenchConfig
 from .prompts import BenchPrompt
 from .results import RowResult, aggregate

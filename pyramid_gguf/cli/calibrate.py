@@ -13,43 +13,11 @@ from typing import Any
 import click
 
 from ..config import SpecConfig
-from ..decoding import policy
-from ..decoding.costs import CostCurve
-from ..ladder import TIERS
+from ..decoding.chains import break_even, ladder_chains
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options
 
 SHOWN = (1, 2, 3, 4, 5, 6, 8, 12, 16)
-
-
-def break_even(option: Any, plain: policy.Option) -> float | None:
-    """The smallest keep probability (to 0.01) at which ``option(keep)`` beats ``plain``."""
-    for i in range(1, 101):
-        o = option(i / 100)
-        if o is not None and o.rate >= policy.MIN_GAIN * plain.rate:
-            return i / 100
-    return None
-
-
-def chain_break_evens(costs: dict[str, CostCurve], max_k: int = 16) -> dict[str, float | None]:
-    """Per chain: the keep rate (every proposal alike) its proposals need to pay here."""
-    c_t = costs["target"]
-    plain = policy.plain(c_t, 0.0)
-    out: dict[str, float | None] = {
-        "ngram": break_even(lambda a: policy.ngram(c_t, a, a, max_k, max_k, 0.0), plain)
-    }
-    for name in TIERS[:-1]:  # every tier below the target can draft for it
-        if name in costs:
-            c_m = costs[name]
-            out[name] = break_even(
-                lambda a, c=c_m, n=name: policy.draft(n, c_t, c, a, max_k, 0, 0.0), plain
-            )
-    if "draft" in costs and "qualifier" in costs:
-        c_q, c_d = costs["qualifier"], costs["draft"]
-        out["pyramid"] = break_even(
-            lambda a: policy.pyramid(c_t, c_q, c_d, a, a, max_k, (0, 0), 0.0), plain
-        )
-    return out
 
 
 @command()
@@ -66,7 +34,8 @@ def calibrate(as_json: bool, **params: Any) -> None:
     with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=False) as pyramid:
         cals = pyramid.calibrate(refresh=True, say=lambda m: click.echo(m, err=True))
         costs = pyramid.costs()
-    evens = chain_break_evens(costs)
+        chains = ladder_chains(pyramid.ladder.shape, SpecConfig())
+    evens = {c.name: break_even(c, costs) for c in chains if not c.plain}
     if as_json:
         doc = {
             "ladder": resolved.name,

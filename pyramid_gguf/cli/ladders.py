@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import click
 
+from ..api import Pyramid
 from ..config import LoadConfig, SpecConfig
 from ..ladder import LadderPaths
-from ..serving.api import Pyramid
 from .options import LadderArgs
 
 

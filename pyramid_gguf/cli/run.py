@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 
+from ..api import Pyramid
 from ..config import SamplingConfig, SpecConfig
 from ..decoding.stats import GenerationStats
 from ..errors import UserError
-from ..serving.api import Pyramid
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,

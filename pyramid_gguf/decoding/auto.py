@@ -11,16 +11,18 @@ same proposers and verification as the fixed modes, and learns from the outcome:
 - ``pyramid``: draft -> qualifier -> target (``psd-exact``).
 
 Each round's :class:`~.policy.Budget` limits what it may lose to what the speculative rounds so
-far saved over plain decoding (:attr:`.stats.AutoStats.savings`, priced by the same cost
-curves), plus one token's time for a confident bet. When plain decoding runs although the
+far saved over plain decoding (the generation's :class:`~.policy.Ledger`, priced by the same
+cost curves), plus one token's time for a confident bet. When plain decoding runs although the
 n-gram drafter had a block worth proposing, that block becomes a :class:`Shadow`: once the
 target's own tokens show how much of it would have been kept, it teaches the n-gram estimates
 and credits the budget (:data:`~.policy.SHADOW_CREDIT`), at no cost. Text that copies thus
 earns its first bets while decoding plainly; text that only echoes a phrase does not.
 
-Chains are lossless (exact rules) unless ``allow_lossy``, which makes the model chains use the
-fuzzy rules (``fsd``, ``psd-f`` with ``tau_t`` / ``tau_q``). Tiers other than the target are
-never prefilled: a model catches up on the committed text only if and when it is chosen.
+The chains are :func:`~.chains.ladder_chains` of the ladder, run by the same
+:class:`~.rounds.Runner` as the fixed modes. They are lossless (exact rules) unless
+``allow_lossy``, which makes the model chains use the fuzzy rules (``fsd``, ``psd-f`` with
+``tau_t`` / ``tau_q``). Tiers other than the target are never prefilled: a model catches up on
+the committed text only if and when it is chosen.
 """
 
 from __future__ import annotations
@@ -30,25 +32,22 @@ from dataclasses import dataclass
 
 from ..config import SpecConfig
 from . import policy
+from .chains import NGRAM_TIER, Chain, Keep, ladder_chains
 from .costs import CostCurve
 from .estimates import ChainAcceptance, NGramAcceptance
 from .ngram import Match, NGramDrafter, NGramPool
-from .policy import Option
-from .proposers import Admit, DraftProposer, QualifiedProposer
+from .policy import Option, Pick
+from .proposers import Admit, DraftProposer, Observe
 from .protocol import Block
+from .rounds import Runner
 from .sampling import Sampler
-from .stage import StageRule, verify
 from .stats import AutoStats, GenerationStats
-from .tiers import Ladder, ModelTier, common_prefix
+from .tiers import Ladder, common_prefix
 
 #: Python time per round outside llama.cpp, in seconds (warping, acceptance, bookkeeping).
 #: A constant, not a measurement, so that decisions (and with them a seeded run's samples)
 #: depend only on the cached cost curves and the tokens, never on timing noise.
 ROUND_OVERHEAD = 4e-4
-
-#: A model chain as :class:`AutoRounds` prices it: its name, its stages' keep rates and the
-#: tiers whose lag behind the committed text it pays for.
-ModelChain = tuple[str, tuple[float, ...], tuple[ModelTier, ...]]
 
 
 @dataclass(frozen=True)
@@ -77,100 +76,71 @@ class AutoRounds:
         costs: Mapping[str, CostCurve],
         pool: NGramPool | None = None,
     ) -> None:
-        self.ladder = ladder
         self.spec = spec
-        self.sampler = sampler
-        self.stats = stats
         self.costs = costs
-        self.target = ladder.target
+        self.runner = Runner(ladder, sampler, stats)
+        self.chains = {c.name: c for c in ladder_chains(ladder.shape, spec)}
+        self.ngram = self.chains[NGRAM_TIER]
+        #: Chains drafted by models, in the ladder's order (each model drafting, the pyramid).
+        self.model_chains = [
+            c for c in self.chains.values() if not c.plain and c.bottom != NGRAM_TIER
+        ]
         self.drafter = NGramDrafter(pool)
         self.ngram_keep = NGramAcceptance()
         self.chain_keep = ChainAcceptance()
-        self.exact = StageRule(spec.exact_rule)
-        lossy = spec.allow_lossy
-        fuzzy = (spec.divergence, spec.fuzzy_variant)
-        self.top_rule = StageRule("fuzzy", spec.tau_t, *fuzzy) if lossy else self.exact
-        self.stage1_rule = StageRule("fuzzy", spec.tau_q, *fuzzy) if lossy else self.exact
-        #: Model tiers that can draft for the target, smallest first.
-        self.drafters = [t for t in (ladder.draft, ladder.qualifier) if isinstance(t, ModelTier)]
         self.overhead = ROUND_OVERHEAD
+        self.ledger = policy.Ledger()
         self.auto = stats.auto = AutoStats()
         #: Where the answer starts in the committed tokens (set by the first round): n-gram
         #: matches before it quote the prompt.
         self.answer_start: int | None = None
         self.shadows: list[Shadow] = []
-        self._bounds: dict[tuple[str, tuple[float, ...], int], Option | None] = {}
+        self._bounds: dict[tuple[str, tuple[Keep, ...], int], Option | None] = {}
 
     # --- choosing --------------------------------------------------------------------------
 
-    def options(
+    def picks(
         self, committed: Sequence[int], max_k: int, match: Match | None, budget: policy.Budget
-    ) -> list[Option]:
-        """Every chain at its best block size within ``budget``. A model chain whose bound
-        (:meth:`_bound`) cannot beat plain decoding is not priced: it could not be chosen."""
-        out = []
+    ) -> dict[str, Pick]:
+        """Every chain's options within ``budget``, by chain name. A model chain whose bound
+        (:meth:`_bound`) cannot beat plain decoding is not priced (it could not be chosen):
+        its pick holds the bound only."""
+        out: dict[str, Pick] = {}
         if match is not None:  # any length: the estimates say what a match length is worth
-            first, after = self.ngram_keep.estimate(match.length, quoted=match.quoted)
-            n = len(match.continuation)
-            c_t = self.costs["target"]
-            option = policy.ngram(c_t, first, after, n, max_k, self.overhead, budget)
-            out += [option] if option else []
-        for chain, keeps, tiers in self._model_chains():
+            keep = self.ngram_keep.estimate(match.length, quoted=match.quoted)
+            out[self.ngram.name] = self.ngram.price(
+                self.costs,
+                (keep,),
+                max_k,
+                overhead=self.overhead,
+                available=len(match.continuation),
+                budget=budget,
+            )
+        for chain in self.model_chains:
+            keeps = self._keeps(chain)
             bound = self._bound(chain, keeps, max_k)
-            if bound is None or bound.rate < policy.MIN_GAIN * budget.base.rate:
-                if bound is not None:
-                    budget.best[chain] = bound
+            if bound is None or not budget.worth(bound):
+                out[chain.name] = Pick(best=bound)
                 continue
-            lags = tuple(t.lag(committed) for t in tiers)
-            option = self._price(chain, keeps, max_k, lags, budget)
-            out += [option] if option else []
+            lags = {t.name: t.lag(committed) for t in self.runner.tiers(chain)[:-1]}
+            out[chain.name] = chain.price(
+                self.costs, keeps, max_k, overhead=self.overhead, lags=lags, budget=budget
+            )
         return out
 
-    def _model_chains(self) -> list[ModelChain]:
-        """``(chain, keep rates, tiers that may lag)`` of every model chain of the ladder."""
-        out: list[ModelChain] = []
-        for m in self.drafters:
-            out.append((m.name, (self.chain_keep.rate(self._stage(m.name, "target")),), (m,)))
-        d, q = self.ladder.draft, self.ladder.qualifier
-        if isinstance(d, ModelTier) and q is not None:
-            keeps = (
-                self.chain_keep.rate(self._stage("draft", "qualifier")),
-                self.chain_keep.rate(self._stage("qualifier", "target")),
-            )
-            out.append(("pyramid", keeps, (d, q)))
-        return out
+    def _keeps(self, chain: Chain) -> tuple[Keep, ...]:
+        """The learned keep rate of each stage of a model chain."""
+        return tuple((r, r) for r in (self.chain_keep.rate(s.name) for s in chain.stages))
 
-    def _price(
-        self,
-        chain: str,
-        keeps: tuple[float, ...],
-        max_k: int,
-        lags: tuple[int, ...],
-        budget: policy.Budget | None,
-    ) -> Option | None:
-        c_t = self.costs["target"]
-        if chain == "pyramid":
-            c_q, c_d = self.costs["qualifier"], self.costs["draft"]
-            keep_dq, keep_qt = keeps
-            lag_pair = (lags[0], lags[1])
-            return policy.pyramid(
-                c_t, c_q, c_d, keep_dq, keep_qt, max_k, lag_pair, self.overhead, budget
-            )
-        c_m = self.costs[chain]
-        return policy.draft(chain, c_t, c_m, keeps[0], max_k, lags[0], self.overhead, budget)
-
-    def _bound(self, chain: str, keeps: tuple[float, ...], max_k: int) -> Option | None:
+    def _bound(self, chain: Chain, keeps: tuple[Keep, ...], max_k: int) -> Option | None:
         """The best option of a model chain at these keep rates, caught up and without a
         budget: the most it can promise until its keep rates change (which takes a round of
         it), cached."""
-        key = (chain, keeps, max_k)
+        key = (chain.name, keeps, max_k)
         if key not in self._bounds:
-            self._bounds[key] = self._price(chain, keeps, max_k, (0, 0), None)
+            pick = chain.price(self.costs, keeps, max_k, overhead=self.overhead)
+            self._bounds[key] = pick.best
         return self._bounds[key]
-
-    def _stage(self, lower: str, upper: str) -> str:
-        rule = self.top_rule if upper == "target" else self.stage1_rule
-        return f"{lower}{'~>' if rule.kind == 'fuzzy' else '->'}{upper}"
 
     # --- running ---------------------------------------------------------------------------
 
@@ -181,20 +151,22 @@ class AutoRounds:
         match = self.drafter.lookup(committed, max_k, self.answer_start) if max_k > 0 else None
         base = policy.plain(self.costs["target"], self.overhead)
         self._settle(committed, base)
-        budget = policy.Budget(base, self.auto.savings + self.auto.shadow_credit)
-        options = self.options(committed, max_k, match, budget) if max_k > 0 else []
-        choice = policy.choose(base, options)
-        if choice is base and budget.refused:
+        picks = self.picks(committed, max_k, match, self.ledger.budget(base)) if max_k > 0 else {}
+        choice = policy.choose(base, [p.allowed for p in picks.values()])
+        if choice is base and any(p.refused for p in picks.values()):
             self.auto.unfunded += 1
-        shadow = budget.best.get("ngram")
+        shadow = picks.get(self.ngram.name, Pick()).best
         if choice is base and match is not None and shadow is not None:
             self._shadow(committed, match, shadow, base)
-        for chain, best in budget.best.items():
-            self.auto.outlook[chain] = best.rate / base.rate
+        for name, pick in picks.items():
+            if pick.best is not None:
+                self.auto.outlook[name] = pick.best.rate / base.rate
         new, proposed = self._execute(choice, committed, match)
         self.auto.record(choice.chain, proposed, len(new))
         if choice is not base:  # what this round saved (or lost) against plain decoding
-            self.auto.savings += len(new) * base.seconds - choice.seconds
+            self.ledger.round(choice, len(new), base)
+        self.auto.savings = self.ledger.savings
+        self.auto.shadow_credit = self.ledger.shadow_credit
         return new
 
     def _shadow(self, committed: Sequence[int], match: Match, option: Option, base: Option) -> None:
@@ -216,8 +188,7 @@ class AutoRounds:
                 pending.append(s)  # not decided yet
                 continue
             self.ngram_keep.record(s.match.length, len(block), kept, quoted=s.match.quoted)
-            gain = (kept + 1) * base.seconds - s.option.seconds
-            self.auto.shadow_credit += gain * policy.SHADOW_CREDIT if gain > 0 else gain
+            self.ledger.shadow((kept + 1) * base.seconds - s.option.seconds)
             self.auto.shadows += 1
         self.shadows = pending
 
@@ -225,61 +196,39 @@ class AutoRounds:
         self, choice: Option, committed: list[int], match: Match | None
     ) -> tuple[list[int], int]:
         """Run ``choice``; the committed tokens and how many were proposed."""
-        if choice.chain == "target":
-            row = self.target.score(committed, [])[0]
-            return [self.sampler.pick(row)], 0
-        if choice.chain == "ngram":
+        chain = self.chains[choice.chain]
+        if chain.plain:
+            return self.runner.plain(committed), 0
+        if chain is self.ngram:
             assert match is not None
             block = Block(match.continuation[: choice.k], None, None)
-            v = verify(
-                self.target,
-                committed,
-                block,
-                self.exact,
-                self.sampler,
-                self.stats.stage("ngram->target"),
-            )
+            v = self.runner.verify(chain.top, committed, block)
             self.ngram_keep.record(
                 match.length, len(block), v.n_accepted, choice.tokens - 1, quoted=match.quoted
             )
             return v.tokens, len(block)
-        if choice.chain == "pyramid":
-            return self._pyramid(choice, committed)
-        tier = next(m for m in self.drafters if m.name == choice.chain)
-        proposer = DraftProposer(tier, choice.k, self.sampler, admit=self._admit(choice))
-        return self._verify_model_block(proposer, self._stage(tier.name, "target"), committed)
-
-    def _pyramid(self, choice: Option, committed: list[int]) -> tuple[list[int], int]:
-        draft, qualifier = self.ladder.draft, self.ladder.qualifier
-        assert isinstance(draft, ModelTier) and qualifier is not None
-        stage1 = self._stage("draft", "qualifier")
-
-        def observe(proposed: int, kept: int) -> None:
-            self.chain_keep.record(stage1, proposed, kept)
-
-        bottom = DraftProposer(draft, choice.l_d, self.sampler)
-        proposer = QualifiedProposer(
-            bottom,
-            qualifier,
-            self.stage1_rule,
-            choice.k,
-            self.sampler,
-            self.stats.stage(stage1),
-            observe=observe,
+        pyramid = len(chain.stages) > 1
+        proposer = self.runner.proposer(
+            chain,
+            k=choice.k,
+            l_d=choice.l_d,
+            admit=None if pyramid else self._admit(choice),
+            observe=self._observe(chain.stages[0].name) if pyramid else None,
         )
-        return self._verify_model_block(proposer, self._stage("qualifier", "target"), committed)
-
-    def _verify_model_block(
-        self, proposer: DraftProposer | QualifiedProposer, stage: str, committed: list[int]
-    ) -> tuple[list[int], int]:
         block = proposer.propose(committed, self.spec.max_block)
-        v = verify(
-            self.target, committed, block, self.top_rule, self.sampler, self.stats.stage(stage)
-        )
-        self.chain_keep.record(stage, len(block), v.n_accepted)
+        v = self.runner.verify(chain.top, committed, block)
+        self.chain_keep.record(chain.top.name, len(block), v.n_accepted)
         if isinstance(proposer, DraftProposer) and proposer.top_probs:
             self.chain_keep.record_confidence(proposer.top_probs, v.n_accepted)
         return v.tokens, len(block)
+
+    def _observe(self, stage: str) -> Observe:
+        """Record each of a pyramid's qualifier checks into the keep rate of ``stage``."""
+
+        def observe(proposed: int, kept: int) -> None:
+            self.chain_keep.record(stage, proposed, kept)
+
+        return observe
 
     def _admit(self, choice: Option) -> Admit:
         """Propose one more drafted token while the expected tokens it adds (the chance that

@@ -13,16 +13,19 @@ has a :class:`Budget`: what it loses if nothing is kept (its whole cost, for the
 decoding would have made) must be covered by what earlier rounds of the same generation saved
 over plain decoding (by the same cost model), and by the credit of shadow blocks (blocks not
 proposed, settled against the tokens decoded instead: :data:`SHADOW_CREDIT`); a round promising
-:data:`CONFIDENT_GAIN` may also risk one plain token's time of its own. Text that copies pays
-for marginal and long blocks; text that does not loses at most one token's time beyond what it
-earned. Pure Python (docs/ALGORITHMS.md, "The cost model and auto").
+:data:`CONFIDENT_GAIN` may also risk one plain token's time of its own. The generation's
+:class:`Ledger` keeps that account; a :class:`Budget` only answers whether an option fits it.
+Every search returns a :class:`Pick`: the chain's best option, the best one the budget allows,
+and whether an option worth running was refused. Text that copies pays for marginal and long
+blocks; text that does not loses at most one token's time beyond what it earned. Pure Python
+(docs/ALGORITHMS.md, "The cost model and auto").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .costs import CostCurve
 
@@ -78,37 +81,78 @@ def expected_tokens(first: float, after: float, k: int) -> float:
     return 1.0 + first * run
 
 
-@dataclass
+@dataclass(frozen=True)
 class Budget:
-    """What one round may lose against plain decoding ``base``.
+    """What one round may lose against plain decoding ``base``: a pure question.
 
     ``savings``: seconds this generation's speculative rounds saved so far, plus the credit of
-    its shadow blocks (negative: lost), by the cost model. A round that keeps nothing costs its
-    ``seconds`` for one token, losing ``seconds - base.seconds``: allowed up to ``savings``, and
-    up to ``savings`` plus one plain token's time when it promises :data:`CONFIDENT_GAIN`. So a
-    generation never loses more than one token's time beyond what it earned.
-
-    It notes what it was asked about: ``best``, each chain's option with the most expected
-    tokens per second, allowed or not (what the chain would run without a budget: the ``-v``
-    outlook, and an n-gram shadow block); ``refused``, chains that had a block worth running
-    (:data:`MIN_GAIN`) it did not allow.
+    its shadow blocks (negative: lost), by the cost model (:class:`Ledger`). A round that keeps
+    nothing costs its ``seconds`` for one token, losing ``seconds - base.seconds``: allowed up
+    to ``savings``, and up to ``savings`` plus one plain token's time when it promises
+    :data:`CONFIDENT_GAIN`. So a generation never loses more than one token's time beyond
+    what it earned.
     """
 
     base: Option
     savings: float = math.inf
-    best: dict[str, Option] = field(default_factory=dict)
-    refused: set[str] = field(default_factory=set)
 
     def allows(self, option: Option) -> bool:
-        seen = self.best.get(option.chain)
-        if seen is None or option.rate > seen.rate:  # the first of equals, as best_block
-            self.best[option.chain] = option
         loss = option.seconds - self.base.seconds
         stake = self.base.seconds if option.rate >= CONFIDENT_GAIN * self.base.rate else 0.0
-        ok = loss <= self.savings + stake
-        if not ok and option.rate >= MIN_GAIN * self.base.rate:
-            self.refused.add(option.chain)
-        return ok
+        return loss <= self.savings + stake
+
+    def worth(self, option: Option) -> bool:
+        """Whether ``option`` beats plain decoding by :data:`MIN_GAIN` (budget aside)."""
+        return option.rate >= MIN_GAIN * self.base.rate
+
+
+@dataclass
+class Ledger:
+    """One generation's account against plain decoding, by the cost model: what its
+    speculative rounds saved (``savings``) and what its shadow blocks earned
+    (``shadow_credit``). The budget of every round is drawn on it (:meth:`budget`)."""
+
+    savings: float = 0.0
+    shadow_credit: float = 0.0
+
+    def budget(self, base: Option) -> Budget:
+        return Budget(base, self.savings + self.shadow_credit)
+
+    def round(self, option: Option, committed: int, base: Option) -> None:
+        """A speculative round ran ``option`` and committed ``committed`` tokens."""
+        self.savings += committed * base.seconds - option.seconds
+
+    def shadow(self, gain: float) -> None:
+        """A shadow block would have saved ``gain`` seconds (negative: lost); credited at
+        :data:`SHADOW_CREDIT` when it gains, in full when it loses."""
+        self.shadow_credit += gain * SHADOW_CREDIT if gain > 0 else gain
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A chain's options for the next round.
+
+    ``best``: the option with the most expected tokens per second, budget aside (what the chain
+    would run if the generation had earned enough: the ``-v`` outlook, an n-gram shadow block).
+    ``allowed``: the best option the budget allows. ``refused``: an option worth running
+    (:data:`MIN_GAIN`) was not allowed.
+    """
+
+    best: Option | None = None
+    allowed: Option | None = None
+    refused: bool = False
+
+    def __or__(self, other: Pick) -> Pick:
+        """The better of two picks of one chain, part by part (the first of equals)."""
+        return Pick(
+            _better(self.best, other.best),
+            _better(self.allowed, other.allowed),
+            self.refused or other.refused,
+        )
+
+
+def _better(a: Option | None, b: Option | None) -> Option | None:
+    return b if a is None or (b is not None and b.rate > a.rate) else a
 
 
 def best_block(
@@ -118,16 +162,16 @@ def best_block(
     max_k: int,
     l_d: int = 0,
     budget: Budget | None = None,
-) -> Option | None:
-    """The block size ``k`` in ``1..max_k`` with the most expected tokens per second, among
-    those ``budget`` allows (all without one)."""
-    best: Option | None = None
+) -> Pick:
+    """The block size ``k`` in ``1..max_k`` with the most expected tokens per second, overall
+    and among those ``budget`` allows (all, without one)."""
+    pick = Pick()
     for k in range(1, max_k + 1):
         option = Option(chain, k, tokens(k), seconds(k), l_d)
         allowed = budget is None or budget.allows(option)
-        if allowed and (best is None or option.rate > best.rate):
-            best = option
-    return best
+        refused = budget is not None and not allowed and budget.worth(option)
+        pick = pick | Pick(option, option if allowed else None, refused)
+    return pick
 
 
 def plain(target: CostCurve, overhead: float) -> Option:
@@ -143,7 +187,7 @@ def ngram(
     max_k: int,
     overhead: float,
     budget: Budget | None = None,
-) -> Option | None:
+) -> Pick:
     """Proposing up to ``available`` n-gram tokens (drafting costs nothing)."""
     return best_block(
         "ngram",
@@ -163,7 +207,7 @@ def draft(
     lag: int,
     overhead: float,
     budget: Budget | None = None,
-) -> Option | None:
+) -> Pick:
     """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``)."""
     catch_up = model(lag) / CATCH_UP_ROUNDS
     return best_block(
@@ -185,11 +229,11 @@ def pyramid(
     lags: tuple[int, int],
     overhead: float,
     budget: Budget | None = None,
-) -> Option | None:
+) -> Pick:
     """Draft -> qualifier -> target: the qualifier fills a buffer of ``k`` tokens from checks
     of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``)."""
     catch_up = (bottom(lags[0]) + qualifier(lags[1])) / CATCH_UP_ROUNDS
-    best: Option | None = None
+    pick = Pick()
 
     def tokens(k: int) -> float:
         return expected_tokens(keep_qt, keep_qt, k)
@@ -201,10 +245,8 @@ def pyramid(
         def seconds(k: int, per_token: float = per_token) -> float:
             return k * per_token + catch_up + target(k + 1) + overhead
 
-        option = best_block("pyramid", tokens, seconds, max_k, l_d, budget)
-        if option is not None and (best is None or option.rate > best.rate):
-            best = option
-    return best
+        pick = pick | best_block("pyramid", tokens, seconds, max_k, l_d, budget)
+    return pick
 
 
 def choose(base: Option, options: Iterable[Option | None]) -> Option:

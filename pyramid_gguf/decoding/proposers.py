@@ -13,15 +13,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .chains import StageRule
 from .protocol import Block, Proposer
 from .sampling import Sampler
-from .stage import StageRule, verify
+from .stage import verify
 from .stats import StageStats
 from .tiers import ModelTier
 
 #: Decides whether the next drafted token joins the block, from the draft's top
 #: probabilities (temperature-1 softmax) of the block so far, the candidate's last.
 Admit = Callable[[list[float]], bool]
+#: Hears each check of a qualified stage: tokens proposed to its verifier, tokens kept.
+Observe = Callable[[int, int], None]
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -108,7 +111,7 @@ class QualifiedProposer:
         sampler: Sampler,
         stats: StageStats,
         *,
-        observe: Callable[[int, int], None] | None = None,
+        observe: Observe | None = None,
     ) -> None:
         self.observe = observe
         self.name = verifier.name

@@ -1,86 +1,27 @@
-"""What one round of a fixed mode runs: plain decoding, or a proposer chain and the target.
+"""Running chains on a loaded ladder: the one place a round touches the target.
 
-:func:`build_chain` turns a :class:`SpecConfig` and the loaded tiers into a proposer (``None``
-for plain target decoding) and the rule of the final stage; :class:`ChainRounds` runs it: the
-chain proposes a block and the target verifies it in one batch.
+A :class:`Runner` holds one generation's ladder, sampler and statistics and runs any
+:class:`~.chains.Chain`: plain decoding (:meth:`Runner.plain`, written once), the proposers of
+a chain's lower stages (:meth:`Runner.proposer`), and the target's verification of a block in
+one batch (:meth:`Runner.verify`). A fixed mode is :class:`ChainRounds`, its constant chain
+every round; ``auto`` (:mod:`.auto`) chooses a chain per round and runs it through the same
+runner.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import SpecConfig
-from ..ladder import NGram
-from ..modes import ModeInfo, check_mode, mode_info
+from .chains import NGRAM_TIER, Chain, Stage, mode_chain
 from .ngram import NGramPool, NGramProposer
-from .proposers import DraftProposer, QualifiedProposer
-from .protocol import Proposer
+from .proposers import Admit, DraftProposer, Observe, QualifiedProposer
+from .protocol import Block, Proposer
 from .sampling import Sampler
-from .stage import StageRule, verify
+from .stage import Verified, verify
 from .stats import GenerationStats
 from .tiers import Ladder, ModelTier
-
-
-@dataclass(frozen=True)
-class Chain:
-    """What one generation runs: a proposer (None: target only) and the final stage's rule."""
-
-    proposer: Proposer | None
-    rule: StageRule
-    top_len: int
-    top_stage: str
-
-
-def _rule(family: str | None, tau: float, spec: SpecConfig) -> StageRule:
-    if family == "fuzzy":
-        return StageRule("fuzzy", tau, spec.divergence, spec.fuzzy_variant)
-    return StageRule(spec.exact_rule)
-
-
-def used_tiers(ladder: Ladder, mode: ModeInfo) -> list[ModelTier]:
-    """The model tiers ``mode`` runs, smallest first (a 3-model ladder in ``sd`` skips the
-    qualifier)."""
-    tiers = [ladder.draft] if mode.n_tiers >= 2 else []
-    tiers += [ladder.qualifier] if mode.n_tiers == 3 else []
-    return [t for t in (*tiers, ladder.target) if isinstance(t, ModelTier)]
-
-
-def check_ladder(spec: SpecConfig, ladder: Ladder) -> None:
-    """A one-line :class:`UserError` when ``spec.mode`` needs a tier ``ladder`` lacks."""
-    check_mode(
-        spec.mode, has_draft=ladder.draft is not None, has_qualifier=ladder.qualifier is not None
-    )
-
-
-def build_chain(
-    ladder: Ladder,
-    spec: SpecConfig,
-    sampler: Sampler,
-    stats: GenerationStats,
-    pool: NGramPool | None = None,
-) -> Chain:
-    """The proposer chain of ``spec.mode`` over ``ladder`` (UserError if a tier is missing)."""
-    check_ladder(spec, ladder)
-    mode = mode_info(spec.mode)
-    if mode.n_tiers == 1:
-        return Chain(None, StageRule(), 1, "target")
-    bottom: Proposer
-    if isinstance(ladder.draft, NGram):
-        bottom = NGramProposer(spec.l_d, min_match=spec.ngram_min, pool=pool)
-    else:
-        assert isinstance(ladder.draft, ModelTier)
-        bottom = DraftProposer(ladder.draft, spec.l_d, sampler, p_min=spec.p_min)
-    top_rule = _rule(mode.top, spec.tau_t, spec)
-    if mode.n_tiers == 2:
-        return Chain(bottom, top_rule, spec.l_d, f"{bottom.name}->target")
-    assert ladder.qualifier is not None
-    stage1 = stats.stage(f"{bottom.name}->qualifier")
-    qualified = QualifiedProposer(
-        bottom, ladder.qualifier, _rule(mode.stage1, spec.tau_q, spec), spec.l_q, sampler, stage1
-    )
-    return Chain(qualified, top_rule, spec.l_q, "qualifier->target")
 
 
 class Rounds(Protocol):
@@ -95,40 +36,92 @@ class Rounds(Protocol):
         ...
 
 
-class PlainRounds:
-    """Plain decoding: one target evaluation, one token."""
+class Runner:
+    """Runs chains for one generation on ``ladder`` with ``sampler``, counting into ``stats``."""
 
-    def __init__(self, target: ModelTier, sampler: Sampler) -> None:
-        self.target = target
+    def __init__(self, ladder: Ladder, sampler: Sampler, stats: GenerationStats) -> None:
+        self.ladder = ladder
+        self.target = ladder.target
         self.sampler = sampler
+        self.stats = stats
 
-    def run(self, committed: list[int], room: int) -> list[int]:
+    def plain(self, committed: Sequence[int]) -> list[int]:
+        """Plain decoding: one target evaluation, one token."""
         return [self.sampler.pick(self.target.score(committed, [])[0])]
 
-    def sync(self, committed: Sequence[int]) -> None:
-        return None
+    def verify(self, stage: Stage, committed: Sequence[int], block: Block) -> Verified:
+        """The target scores ``block`` after ``committed`` in one batch; ``stage``'s rule keeps
+        a prefix of it and adds one token of the target's."""
+        return verify(
+            self.target, committed, block, stage.rule, self.sampler, self.stats.stage(stage.name)
+        )
+
+    def proposer(
+        self,
+        chain: Chain,
+        *,
+        k: int,
+        l_d: int,
+        p_min: float = 0.0,
+        admit: Admit | None = None,
+        ngram: Proposer | None = None,
+        observe: Observe | None = None,
+    ) -> Proposer:
+        """The proposer of ``chain``'s lower stages, offering up to ``k`` tokens to the target.
+
+        The bottom is ``ngram`` (the n-gram drafter) or the chain's draft model, drafting
+        ``l_d`` tokens per check in a pyramid (``k`` when it proposes to the target itself),
+        stopping by ``p_min`` or ``admit``. Each middle tier wraps it as a qualified stage
+        that fills a buffer of ``k`` tokens (``observe`` hears each of its checks).
+        """
+        stages = chain.stages
+        if chain.bottom == NGRAM_TIER:
+            if ngram is None:
+                raise ValueError("an n-gram chain needs the n-gram proposer")
+            proposer: Proposer = ngram
+        else:
+            length = l_d if len(stages) > 1 else k
+            tier = self.ladder.tier(chain.bottom)
+            proposer = DraftProposer(tier, length, self.sampler, p_min=p_min, admit=admit)
+        for stage in stages[:-1]:
+            proposer = QualifiedProposer(
+                proposer,
+                self.ladder.tier(stage.upper),
+                stage.rule,
+                k,
+                self.sampler,
+                self.stats.stage(stage.name),
+                observe=observe,
+            )
+        return proposer
+
+    def tiers(self, chain: Chain) -> list[ModelTier]:
+        """The loaded models ``chain`` evaluates, smallest first."""
+        return [self.ladder.tier(t) for t in chain.models]
 
 
 class ChainRounds:
-    """A fixed chain: the proposer offers a block, the target verifies it in one batch."""
+    """A fixed mode: every round, its constant chain. Plain decoding has no proposer; any other
+    chain's proposer offers up to ``block`` tokens and the target verifies them in one batch."""
 
     def __init__(
-        self, target: ModelTier, chain: Chain, sampler: Sampler, stats: GenerationStats
+        self, runner: Runner, chain: Chain, proposer: Proposer | None = None, block: int = 1
     ) -> None:
-        assert chain.proposer is not None
-        self.target = target
+        self.runner = runner
         self.chain = chain
-        self.proposer: Proposer = chain.proposer
-        self.sampler = sampler
-        self.top = stats.stage(chain.top_stage)
+        self.proposer = proposer
+        self.block = block
 
     def run(self, committed: list[int], room: int) -> list[int]:
-        block = self.proposer.propose(committed, min(self.chain.top_len, room))
-        return verify(self.target, committed, block, self.chain.rule, self.sampler, self.top).tokens
+        if self.proposer is None:
+            return self.runner.plain(committed)
+        block = self.proposer.propose(committed, min(self.block, room))
+        return self.runner.verify(self.chain.top, committed, block).tokens
 
     def sync(self, committed: Sequence[int]) -> None:
-        self.proposer.sync(committed)
-        self.target.sync(committed)
+        if self.proposer is not None:
+            self.proposer.sync(committed)
+            self.runner.target.sync(committed)
 
 
 def fixed_rounds(
@@ -138,9 +131,19 @@ def fixed_rounds(
     stats: GenerationStats,
     pool: NGramPool | None = None,
 ) -> tuple[Rounds, list[ModelTier]]:
-    """The rounds of a fixed mode and the tiers it prefills with the prompt."""
-    chain = build_chain(ladder, spec, sampler, stats, pool)
-    used = used_tiers(ladder, mode_info(spec.mode))
-    if chain.proposer is None:
-        return PlainRounds(ladder.target, sampler), used
-    return ChainRounds(ladder.target, chain, sampler, stats), used
+    """The rounds of fixed mode ``spec.mode`` and the tiers it prefills with the prompt (a
+    one-line UserError when the ladder lacks a tier the mode needs).
+
+    The knobs: ``l_d`` tokens drafted per check, ``l_q`` qualified tokens per target check in a
+    pyramid, ``p_min`` for a draft model, ``ngram_min`` for the n-gram drafter.
+    """
+    chain = mode_chain(spec, ladder.shape)
+    runner = Runner(ladder, sampler, stats)
+    if chain.plain:
+        return ChainRounds(runner, chain), runner.tiers(chain)
+    ngram = None
+    if chain.bottom == NGRAM_TIER:
+        ngram = NGramProposer(spec.l_d, min_match=spec.ngram_min, pool=pool)
+    block = spec.l_q if len(chain.stages) > 1 else spec.l_d
+    proposer = runner.proposer(chain, k=block, l_d=spec.l_d, p_min=spec.p_min, ngram=ngram)
+    return ChainRounds(runner, chain, proposer, block), runner.tiers(chain)

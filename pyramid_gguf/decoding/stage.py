@@ -9,27 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from . import acceptance
+from .chains import StageRule
 from .protocol import Block
 from .sampling import Sampler
 from .stats import StageStats
 from .tiers import ModelTier
-
-RuleKind = Literal["exact", "fuzzy", "greedy-match"]
-
-
-@dataclass(frozen=True)
-class StageRule:
-    """Which acceptance rule a stage applies, with its fuzzy knobs."""
-
-    kind: RuleKind = "exact"
-    tau: float = -1.0
-    divergence: str = "js"
-    variant: str = "reducible"
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Literal, overload
 import numpy as np
 
 from ..config import LoadConfig
-from ..ladder import NGRAM, LadderPaths, NGram
-from ..models.gguf_header import check_gguf_path
+from ..files import check_gguf_path
+from ..ladder import NGRAM, LadderPaths, LadderShape, NGram
 from ..models.vocab_check import check_same_vocabulary
 from ..native import EvalTimer, NativeModel, Vocab
 
@@ -129,6 +129,18 @@ class Ladder:
     @property
     def n_tiers(self) -> int:
         return sum(t is not None for t in (self.draft, self.qualifier, self.target))
+
+    @property
+    def shape(self) -> LadderShape:
+        """Which tiers are present (what chains and modes need to know)."""
+        return LadderShape(tuple(m.name for m in self.models), isinstance(self.draft, NGram))
+
+    def tier(self, name: str) -> ModelTier:
+        """The loaded model of tier ``name`` (``draft``, ``qualifier`` or ``target``)."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise ValueError(f"this ladder has no {name} model")
 
     @property
     def tier_names(self) -> list[str]:

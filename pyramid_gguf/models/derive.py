@@ -19,8 +19,8 @@ from typing import Any
 import gguf
 
 from ..errors import UserError
+from ..files import check_gguf_path
 from .fetch import file_sha256
-from .gguf_header import check_gguf_path
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 KEY_DERIVED_FROM = "pyramid_gguf.derived_from"

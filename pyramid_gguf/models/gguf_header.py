@@ -19,9 +19,8 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import ModelFileError
+from ..files import check_gguf_path
 
-#: The first four bytes of every GGUF file.
-GGUF_MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
 #: Numeric arrays longer than this are summarised by their length only.
 _MAX_ARRAY = 4096
@@ -131,25 +130,6 @@ class _Cursor:
                 return ArrayInfo(item_type, length)
             return [self.value(item_type) for _ in range(length)]
         raise ModelFileError(f"bad GGUF value type {vtype}: {self.path}")
-
-
-def check_gguf_path(path: str | os.PathLike[str]) -> Path:
-    """A readable GGUF file, or a one-line :class:`ModelFileError` saying what is wrong."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelFileError(f"model file not found: {p}")
-    if p.is_dir():
-        raise ModelFileError(f"model path is a directory, not a GGUF file: {p}")
-    try:
-        with p.open("rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise ModelFileError(f"cannot read model file {p}: {e.strerror}") from None
-    if head[:4] != GGUF_MAGIC:
-        raise ModelFileError(f"not a GGUF file (bad magic {head[:4]!r}): {p}")
-    if len(head) < 8:
-        raise ModelFileError(f"truncated GGUF file: {p}")
-    return p
 
 
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import LoadConfig
 from ..errors import ContextOverflow
-from ..models.gguf_header import check_gguf_path
+from ..files import check_gguf_path
 from .handles import BatchHandle, ContextHandle, ModelHandle
 from .rollback import SequenceRollback
 from .vocab import Vocab

@@ -1,2 +1,2 @@
-"""Serving: the :class:`~.api.Pyramid` Python API, streaming text, OpenAI-shaped bodies and the
-OpenAI-compatible HTTP server."""
+"""Serving on top of the Python API (:mod:`pyramid_gguf.api`): OpenAI-shaped bodies, request
+schemas, the job queue and the OpenAI-compatible HTTP server."""

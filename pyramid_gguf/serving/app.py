@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP app over one loaded :class:`~pyramid_gguf.serving.api.Pyramid`.
+"""The OpenAI-compatible HTTP app over one loaded :class:`~pyramid_gguf.api.Pyramid`.
 
 ``create_app(pyramid, settings)`` returns a FastAPI app with ``GET /health``,
 ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed as
@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 
-from .api import Prompt, Pyramid, Response
+from ..api import Prompt, Pyramid, Response
 from .http_errors import ApiKeyMiddleware, error_of, install_error_handlers
 from .jobs import ClientGone, Job, JobQueue, Work
 from .openai import ResponseShape

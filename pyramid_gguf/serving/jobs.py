@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Request
 
-from .api import Response
+from ..api import Response
 from .http_errors import ApiError
 
 #: Seconds between disconnect checks while a request waits for the engine.

@@ -2,8 +2,9 @@
 
 :class:`ResponseShape` knows the id, model and kind (text or chat) of one response and builds
 its whole body or its streamed chunks; :func:`usage` and :func:`timings` (llama-server names,
-per-stage ``draft_n`` / ``draft_n_accepted``) are attached to both. The Python API
-(:meth:`~pyramid_gguf.serving.api.Pyramid.create_completion`) and the HTTP server use it alike.
+per-stage ``draft_n`` / ``draft_n_accepted``) are attached to both. The HTTP server and the
+llama-cpp-python style helpers :func:`create_completion` and :func:`create_chat_completion`
+(an OpenAI dict from a :class:`~pyramid_gguf.api.Pyramid`, no server) use it alike.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api import Prompt, Pyramid
+from ..config import SamplingConfig, SpecConfig
 from ..decoding.stats import GenerationStats
 
 
@@ -106,3 +109,29 @@ class ResponseShape:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
         return self._envelope(obj, [choice]) | {"usage": usage(stats), "timings": timings(stats)}
+
+
+def create_completion(
+    pyramid: Pyramid,
+    prompt: Prompt,
+    sampling: SamplingConfig | None = None,
+    spec: SpecConfig | None = None,
+) -> dict[str, Any]:
+    """A ``text_completion`` dict with ``usage`` and a ``timings`` extra, as
+    llama-cpp-python's ``Llama.create_completion`` returns."""
+    c = pyramid.generate(prompt, sampling, spec)
+    return ResponseShape(chat=False, model=pyramid.name).full(c.text, c.finish_reason, c.stats)
+
+
+def create_chat_completion(
+    pyramid: Pyramid,
+    messages: list[dict[str, Any]],
+    sampling: SamplingConfig | None = None,
+    spec: SpecConfig | None = None,
+    *,
+    chat_template: str | None = None,
+) -> dict[str, Any]:
+    """A ``chat.completion`` dict with ``usage`` and a ``timings`` extra, the prompt built with
+    the target GGUF's chat template (or ``chat_template``)."""
+    c = pyramid.generate(pyramid.chat_tokens(messages, chat_template), sampling, spec)
+    return ResponseShape(chat=True, model=pyramid.name).full(c.text, c.finish_reason, c.stats)

@@ -2,8 +2,8 @@
 
 Layered like mlx-lm: :func:`pyramid_gguf.decoding.engine.decode` yields token ids;
 :meth:`Pyramid.stream` wraps them in small :class:`Response` objects (text delta, token ids,
-finish reason, running stats); :meth:`Pyramid.generate` joins the stream; the OpenAI-shaped
-methods wrap ``generate`` with the builders of :mod:`.openai`.
+finish reason, running stats); :meth:`Pyramid.generate` joins the stream. OpenAI-shaped
+bodies are built on top of this, in :mod:`pyramid_gguf.serving.openai`.
 
 >>> with Pyramid.from_paths("8b.gguf", draft="1b.gguf", qualifier="3b.gguf") as p:  # doctest: +SKIP
 ...     print(p.generate("def fib(n):", SamplingConfig(temperature=0)).text)
@@ -17,19 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import LoadConfig, SamplingConfig, SpecConfig
-from ..decoding.calibrate import Calibration, calibrate
-from ..decoding.costs import CostCurve
-from ..decoding.engine import decode, make_rounds
-from ..decoding.ngram import NGramPool
-from ..decoding.rounds import check_ladder
-from ..decoding.sampling import Sampler
-from ..decoding.stats import GenerationStats
-from ..decoding.tiers import Ladder, load_ladder
-from ..errors import UserError
-from ..ladder import LadderPaths, NGram
-from ..native import format_chat
-from .openai import ResponseShape
+# llama.cpp's libraries load before numpy's (README, "On a GPU": a CUDA model segfaulted in one
+# PyTorch environment when numpy was imported first).
+from . import native  # isort: skip
+from .config import LoadConfig, SamplingConfig, SpecConfig
+from .decoding.calibrate import Calibration, calibrate
+from .decoding.costs import CostCurve
+from .decoding.engine import decode, make_rounds
+from .decoding.ngram import NGramPool
+from .decoding.sampling import Sampler
+from .decoding.stats import GenerationStats
+from .decoding.tiers import Ladder, load_ladder
+from .errors import UserError
+from .ladder import LadderPaths, NGram
 from .textstream import TextStream
 
 Prompt = str | Sequence[int]
@@ -72,7 +72,7 @@ class Pyramid:
         *,
         share_ngrams: bool = False,
     ) -> None:
-        check_ladder(spec, ladder)
+        ladder.shape.check(spec.mode)
         self.ladder = ladder
         self.spec = spec
         self.name = name
@@ -99,11 +99,11 @@ class Pyramid:
         ``tier_loads`` overrides ``load`` per tier (``draft``/``qualifier``/``target``), as a
         memory plan does.
         """
+        spec = spec or SpecConfig()
+        paths.shape.check(spec.mode)  # before anything loads
         ladder = load_ladder(paths, load or LoadConfig(), tier_loads)
         try:
-            return cls(
-                ladder, spec or SpecConfig(), name or paths.target.stem, share_ngrams=share_ngrams
-            )
+            return cls(ladder, spec, name or paths.target.stem, share_ngrams=share_ngrams)
         except BaseException:
             ladder.close()
             raise
@@ -128,7 +128,7 @@ class Pyramid:
         cls, preset: str, *, load: LoadConfig | None = None, spec: SpecConfig | None = None
     ) -> Pyramid:
         """Load a ``models.toml`` preset, fetching what is missing first."""
-        from ..models.presets import resolve_preset
+        from .models.presets import resolve_preset
 
         r = resolve_preset(preset)
         return cls.load(r.paths, load=load, spec=spec or r.spec, name=preset)
@@ -161,7 +161,11 @@ class Pyramid:
 
     def costs(self) -> dict[str, CostCurve]:
         """The cost curve of each tier as ``auto`` prices it (strict micro-batches included)."""
-        cal = self.calibrate()
+        with self._lock:
+            return self._costs()
+
+    def _costs(self) -> dict[str, CostCurve]:
+        cal = self._calibrate(False, None)
         return {t.name: cal[t.name].curve.with_chunk(t.chunk) for t in self.ladder.models}
 
     def __enter__(self) -> Pyramid:
@@ -200,7 +204,7 @@ class Pyramid:
                 "pass --chat-format / chat_template, or send a plain prompt"
             )
         vocab = target.vocab
-        return format_chat(
+        return native.format_chat(
             template,
             messages,
             bos_token=vocab.token_text(vocab.bos),
@@ -235,7 +239,6 @@ class Pyramid:
         """
         sampling = sampling or SamplingConfig()
         spec = spec or self.spec
-        check_ladder(spec, self.ladder)
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         stats = GenerationStats(mode=spec.mode)
         text = TextStream(sampling.stop)
@@ -243,14 +246,13 @@ class Pyramid:
         strict = self.ladder.target.model.cfg.strict_identity
         generated: list[int] = []
         with self._lock:
-            costs = None
-            if spec.info.auto or strict:
-                cal = self._calibrate(False, None)
-                costs = {t.name: cal[t.name].curve.with_chunk(t.chunk) for t in self.ladder.models}
             sampler = Sampler(sampling)
-            rounds, prefill = make_rounds(
+            costs = self._costs() if spec.info.auto else None
+            rounds, prefill = make_rounds(  # a fixed mode's tiers are checked here, once
                 self.ladder, spec, sampler, stats, costs=costs, pool=self.pool
             )
+            if strict:
+                self._calibrate(False, None)  # the identity probe sets the target's micro-batch
             steps = decode(self.ladder, tokens, rounds, prefill, sampler, stats)
             try:
                 for token in steps:
@@ -294,24 +296,3 @@ class Pyramid:
             last.stats,
             prompt_tokens=last.stats.prompt_tokens,
         )
-
-    # --- OpenAI-shaped results (like llama-cpp-python's) -----------------------------------
-
-    def create_completion(
-        self, prompt: Prompt, sampling: SamplingConfig | None = None, spec: SpecConfig | None = None
-    ) -> dict[str, Any]:
-        """A ``text_completion`` dict with ``usage`` and a ``timings`` extra."""
-        c = self.generate(prompt, sampling, spec)
-        return ResponseShape(chat=False, model=self.name).full(c.text, c.finish_reason, c.stats)
-
-    def create_chat_completion(
-        self,
-        messages: list[dict[str, Any]],
-        sampling: SamplingConfig | None = None,
-        spec: SpecConfig | None = None,
-        *,
-        chat_template: str | None = None,
-    ) -> dict[str, Any]:
-        """A ``chat.completion`` dict with ``usage`` and a ``timings`` extra."""
-        c = self.generate(self.chat_tokens(messages, chat_template), sampling, spec)
-        return ResponseShape(chat=True, model=self.name).full(c.text, c.finish_reason, c.stats)

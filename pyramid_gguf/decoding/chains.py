@@ -1,0 +1,224 @@
+"""Chains: who proposes to whom in a round, under which rules, and what a round of them costs.
+
+A :class:`Chain` lists its tiers from the bottom proposer (the n-gram drafter or a draft model)
+through any checking model up to the target, with one :class:`StageRule` per stage. Plain
+decoding is :data:`PLAIN`, the chain with no stage. The chains of a ladder come from the mode
+table, once:
+
+- a fixed mode is one constant chain (:func:`mode_chain`: ``sd`` is ``draft -> target``,
+  ``psd-*`` are ``draft -> qualifier -> target``, with the mode's rules);
+- ``auto`` chooses among :func:`ladder_chains` every round (plain decoding, the n-gram
+  drafter, each model drafting for the target, the pyramid);
+- ``calibrate``, ``tune``, the planner and the prediction scripts price that same list with
+  :meth:`Chain.price`.
+
+Pure Python: a chain names tiers; :mod:`.rounds` runs it on loaded models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ..config import SpecConfig
+from ..ladder import LadderShape
+from ..modes import RuleFamily
+from . import policy
+from .costs import CostCurve
+
+#: The n-gram drafter's name where a chain names its tiers.
+NGRAM_TIER = "ngram"
+
+RuleKind = Literal["exact", "fuzzy", "greedy-match"]
+
+#: A stage's keep probabilities: of its first proposal, and of each one after a kept one.
+Keep = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class StageRule:
+    """Which acceptance rule a stage applies, with its fuzzy knobs (docs/ALGORITHMS.md)."""
+
+    kind: RuleKind = "exact"
+    tau: float = -1.0
+    divergence: str = "js"
+    variant: str = "reducible"
+
+    @property
+    def lossless(self) -> bool:
+        return self.kind != "fuzzy"
+
+
+def stage_rule(family: RuleFamily | None, tau: float, spec: SpecConfig) -> StageRule:
+    """The rule of a stage of family ``family``: fuzzy at threshold ``tau`` with the spec's
+    divergence and variant, else the spec's exact rule (speculative sampling or token
+    matching)."""
+    if family == "fuzzy":
+        return StageRule("fuzzy", tau, spec.divergence, spec.fuzzy_variant)
+    return StageRule(spec.exact_rule)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One proposer -> verifier step of a chain (``name`` like ``draft->qualifier``)."""
+
+    lower: str
+    upper: str
+    rule: StageRule
+
+    @property
+    def name(self) -> str:
+        return f"{self.lower}->{self.upper}"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A round's shape: ``tiers`` from the bottom proposer up to ``target``, one rule per stage.
+
+    ``name`` is what statistics and ``auto`` call it: ``target`` (plain decoding), ``ngram``,
+    the name of the model drafting for the target (``draft``, ``qualifier``), or ``pyramid``
+    (``ngram-pyramid`` when the n-gram drafter feeds the qualifier).
+    """
+
+    name: str
+    tiers: tuple[str, ...]
+    rules: tuple[StageRule, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tiers or self.tiers[-1] != "target" or len(self.rules) != len(self.tiers) - 1:
+            raise ValueError(f"a chain ends at the target, one rule per stage: {self}")
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """Bottom-up: the last stage ends at the target."""
+        return tuple(
+            Stage(lo, up, rule)
+            for lo, up, rule in zip(self.tiers[:-1], self.tiers[1:], self.rules, strict=True)
+        )
+
+    @property
+    def plain(self) -> bool:
+        """Plain decoding: the target alone."""
+        return not self.rules
+
+    @property
+    def top(self) -> Stage:
+        """The stage that ends at the target."""
+        return self.stages[-1]
+
+    @property
+    def bottom(self) -> str:
+        """The tier that proposes first (``ngram``, ``draft``, ... or ``target`` when plain)."""
+        return self.tiers[0]
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The model tiers a round evaluates, smallest first (the target last)."""
+        return tuple(t for t in self.tiers if t != NGRAM_TIER)
+
+    @property
+    def lossless(self) -> bool:
+        """Output distributed exactly as the target's: every stage exact."""
+        return all(r.lossless for r in self.rules)
+
+    def price(
+        self,
+        costs: Mapping[str, CostCurve],
+        keeps: Sequence[Keep],
+        max_k: int,
+        *,
+        overhead: float,
+        lags: Mapping[str, int] | None = None,
+        available: int | None = None,
+        budget: policy.Budget | None = None,
+    ) -> policy.Pick:
+        """This chain's best next round (:func:`policy.best_block` over block sizes).
+
+        ``costs``: each tier's :class:`CostCurve` by name. ``keeps``: per stage (bottom-up)
+        the keep probabilities of its proposals. ``lags``: committed tokens each model below
+        the target has not seen (it catches up when next used). ``available``: tokens the
+        n-gram drafter offers (its continuation). Plain decoding's pick is its one option.
+        """
+        target = costs["target"]
+        lags = lags or {}
+        if self.plain:
+            base = policy.plain(target, overhead)
+            return policy.Pick(base, base)
+        if self.bottom == NGRAM_TIER and len(self.rules) == 1:
+            first, after = keeps[0]
+            n = max_k if available is None else available
+            return policy.ngram(target, first, after, n, max_k, overhead, budget)
+        if self.bottom != NGRAM_TIER and len(self.rules) == 1:
+            model = self.bottom
+            keep = keeps[0][0]
+            lag = lags.get(model, 0)
+            return policy.draft(model, target, costs[model], keep, max_k, lag, overhead, budget)
+        if self.bottom != NGRAM_TIER and len(self.rules) == 2:
+            lower, middle = self.tiers[0], self.tiers[1]
+            pair = (lags.get(lower, 0), lags.get(middle, 0))
+            return policy.pyramid(
+                target,
+                costs[middle],
+                costs[lower],
+                keeps[0][0],
+                keeps[1][0],
+                max_k,
+                pair,
+                overhead,
+                budget,
+            )
+        raise ValueError(f"chain {self.name} ({' -> '.join(self.tiers)}) is not priced")
+
+
+#: Plain decoding: the target alone, one token per evaluation.
+PLAIN = Chain("target", ("target",))
+
+
+def mode_chain(spec: SpecConfig, shape: LadderShape) -> Chain:
+    """The constant chain of fixed mode ``spec.mode`` over a ladder of ``shape``, or a
+    one-line :class:`UserError` when the ladder lacks a tier the mode needs."""
+    info = spec.info
+    if info.auto:
+        raise ValueError("auto has no constant chain: it chooses among ladder_chains()")
+    shape.check(spec.mode)
+    if info.n_tiers == 1:
+        return PLAIN
+    bottom = NGRAM_TIER if shape.ngram else "draft"
+    top = stage_rule(info.top, spec.tau_t, spec)
+    if info.n_tiers == 2:
+        return Chain(bottom, (bottom, "target"), (top,))
+    name = "ngram-pyramid" if shape.ngram else "pyramid"
+    stage1 = stage_rule(info.stage1, spec.tau_q, spec)
+    return Chain(name, (bottom, "qualifier", "target"), (stage1, top))
+
+
+def ladder_chains(shape: LadderShape, spec: SpecConfig) -> tuple[Chain, ...]:
+    """Every chain ``auto`` may run on a ladder of ``shape``, plain decoding first.
+
+    The n-gram drafter proposes to the target under the exact rule; each model tier below the
+    target drafts for it; draft -> qualifier -> target when both are models. The model chains'
+    rules are exact, or fuzzy with ``tau_q`` / ``tau_t`` when ``spec.allow_lossy``.
+    """
+    exact = StageRule(spec.exact_rule)
+    lossy: RuleFamily = "fuzzy" if spec.allow_lossy else "exact"
+    top = stage_rule(lossy, spec.tau_t, spec)
+    out = [PLAIN, Chain(NGRAM_TIER, (NGRAM_TIER, "target"), (exact,))]
+    out += [Chain(m, (m, "target"), (top,)) for m in shape.models if m != "target"]
+    if "draft" in shape.models and "qualifier" in shape.models:
+        stage1 = stage_rule(lossy, spec.tau_q, spec)
+        out.append(Chain("pyramid", ("draft", "qualifier", "target"), (stage1, top)))
+    return tuple(out)
+
+
+def break_even(chain: Chain, costs: Mapping[str, CostCurve], max_k: int = 16) -> float | None:
+    """The smallest keep probability (to 0.01, every proposal of every stage alike) at which
+    ``chain``'s best round beats plain decoding by :data:`~.policy.MIN_GAIN` on these cost
+    curves, or None when it never does."""
+    plain = policy.plain(costs["target"], 0.0)
+    for i in range(1, 101):
+        keeps = ((i / 100, i / 100),) * len(chain.rules)
+        best = chain.price(costs, keeps, max_k, overhead=0.0, available=max_k).best
+        if best is not None and best.rate >= policy.MIN_GAIN * plain.rate:
+            return i / 100
+    return None

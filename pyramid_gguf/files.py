@@ -1,0 +1,34 @@
+"""Model files as the user names them: is this path a GGUF file we can read?
+
+The one check every loader and reader runs before anything else (the native adapter, the
+header reader, the planner), so a bad path is one line naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import ModelFileError
+
+#: The first four bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_path(path: str | os.PathLike[str]) -> Path:
+    """A readable GGUF file, or a one-line :class:`ModelFileError` saying what is wrong."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelFileError(f"model file not found: {p}")
+    if p.is_dir():
+        raise ModelFileError(f"model path is a directory, not a GGUF file: {p}")
+    try:
+        with p.open("rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelFileError(f"cannot read model file {p}: {e.strerror}") from None
+    if head[:4] != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (bad magic {head[:4]!r}): {p}")
+    if len(head) < 8:
+        raise ModelFileError(f"truncated GGUF file: {p}")
+    return p
