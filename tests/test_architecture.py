@@ -1,0 +1,143 @@
+"""The import graph matches docs/ARCHITECTURE.md: layers import downward only, with no cycles,
+and the pure parts import without llama.cpp."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pyramid_gguf"
+
+#: Layers, lowest first (docs/ARCHITECTURE.md). A module may import its own layer or lower.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "config", "modes", "ladder", "files", "textstream"),
+    ("native",),
+    ("models",),
+    ("decoding",),
+    ("api",),
+    ("bench", "serving"),
+    ("cli", "__main__"),
+)
+#: Packages of one layer that must not import each other.
+APART = {("bench", "serving"), ("serving", "bench")}
+
+
+def layer_of(part: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if part in names:
+            return i
+    raise AssertionError(f"pyramid_gguf.{part} is in no layer of docs/ARCHITECTURE.md")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``pyramid_gguf`` module ``path`` imports, at any depth (functions included)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("pyramid_gguf")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if not target.startswith("pyramid_gguf"):
+                continue
+            if node.module is None:  # from . import native
+                out |= {f"{target}.{a.name}" for a in node.names}
+            else:
+                out.add(target)
+    return out
+
+
+def top_part(module: str) -> str | None:
+    """``pyramid_gguf.decoding.auto`` -> ``decoding``; the package itself -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+GRAPH = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_imports_run_downward() -> None:
+    assert len(GRAPH) > 40 and "pyramid_gguf.decoding.auto" in GRAPH
+    wrong = []
+    for module, targets in GRAPH.items():
+        here = top_part(module)
+        if here is None:  # pyramid_gguf/__init__.py: the public names, loaded lazily
+            continue
+        for target in targets:
+            there = top_part(target)
+            if there is None:
+                wrong.append(f"{module} -> {target} (the package root)")
+            elif layer_of(there) > layer_of(here) or (here, there) in APART:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports running up the layers:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles() -> None:
+    state: dict[str, int] = {}
+    cycles: list[str] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(GRAPH.get(m, ())):
+            t = t if t in GRAPH else t.rsplit(".", 1)[0]  # from pkg import name
+            if state.get(t) == 1:
+                cycles.append(" -> ".join([*path[path.index(t) :], t]))
+            elif t in GRAPH and t not in state:
+                visit(t, [*path, t])
+        state[m] = 2
+
+    for m in GRAPH:
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "pyramid_gguf",
+        "pyramid_gguf.decoding.acceptance",
+        "pyramid_gguf.decoding.policy",
+        "pyramid_gguf.decoding.chains",
+        "pyramid_gguf.models.planner",
+    ],
+)
+def test_pure_modules_import_without_llama_cpp(module: str) -> None:
+    code = f"import sys, {module}; print('llama_cpp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_public_api_loads_llama_cpp_before_numpy() -> None:
+    """``from pyramid_gguf import Pyramid`` loads llama.cpp's libraries before numpy's (a CUDA
+    model segfaulted in one environment otherwise: README, "On a GPU")."""
+    code = (
+        "import sys, pyramid_gguf; assert 'numpy' not in sys.modules; "
+        "order = []\n"
+        "class Watch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name in ('numpy', 'llama_cpp'): order.append(name)\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "from pyramid_gguf import Pyramid\n"
+        "print(order[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "llama_cpp"
