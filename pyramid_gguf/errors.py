@@ -6,7 +6,7 @@ from __future__ import annotations
 class UserError(Exception):
     """Something the user can fix: a bad path, flag, file or request.
 
-    The CLI prints ``error: <message>`` and exits 1; the server answers 400. The message is
+    The CLI prints ``Error: <message>`` and exits 1; the server answers 400. The message is
     a single line that says what is wrong and, where possible, what is valid.
     """
 

@@ -10,6 +10,7 @@ import pytest
 from bench_fixtures import PROMPTS, load_ladder, write_ladder
 from click.testing import CliRunner
 
+from pyramid_gguf.bench.results import RowResult
 from pyramid_gguf.bench.tune import (
     TuneResult,
     candidates,
@@ -18,10 +19,11 @@ from pyramid_gguf.bench.tune import (
     save_tuned,
     tune,
     tuned_path,
+    winner,
 )
 from pyramid_gguf.cli.main import main
 from pyramid_gguf.config import SamplingConfig, SpecConfig
-from pyramid_gguf.ladder import NGRAM, LadderPaths
+from pyramid_gguf.ladder import NGRAM, LadderPaths, LadderShape
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +78,34 @@ def test_load_tuned_round_trip(ladder_paths: LadderPaths, home: Path) -> None:
 
 def test_candidates() -> None:
     base = SpecConfig()
-    assert [c.spec.mode for c in candidates(base, has_draft=False, has_qualifier=False)] == ["auto"]
-    lossless = candidates(base, has_draft=True, has_qualifier=True)
+    assert [c.spec.mode for c in candidates(base, LadderShape())] == ["auto"]
+    lossless = candidates(base, LadderShape(("draft", "qualifier", "target")))
     assert lossless[0].spec.mode == "auto"
     assert {c.spec.mode for c in lossless} == {"auto", "sd", "psd-exact"}
-    two = candidates(base, has_draft=True, has_qualifier=False, max_quality_drop=0.1)
+    two = candidates(base, LadderShape(("draft", "target")), max_quality_drop=0.1)
     assert {c.spec.mode for c in two} == {"auto", "sd", "fsd"}
-    ngram = candidates(base, has_draft=True, has_qualifier=False, ngram=True)
+    ngram = candidates(base, LadderShape(("target",), ngram=True))
     assert all(c.spec.p_min == 0 for c in ngram)
+    assert {c.spec.mode for c in ngram} == {"auto", "sd"}
+
+
+def row(mode: str, speedup: float, agreement: float = 1.0) -> RowResult:
+    """A hand-made benchmark row: only what ``winner`` reads matters."""
+    lossless = SpecConfig(mode=mode).lossless
+    return RowResult(
+        mode, mode, {}, {"mode": mode}, lossless, 1, 1, {"median": speedup}, [], speedup, [],
+        {}, [], {}, agreement, agreement, 0.0,
+    )  # fmt: skip
+
+
+def test_winner_is_never_slower_than_target_nor_out_of_bounds() -> None:
+    """The rule ``tune`` recommends by: the fastest eligible row faster than ``target``."""
+    assert winner([row("sd", 0.97), row("psd-exact", 1.0)], 0.0) is None  # target wins
+    lossy = row("psd-f", 1.6, agreement=0.7)  # 0.3 of the tokens differ from target's
+    sd = row("sd", 1.2)
+    assert winner([lossy, sd], 0.0) is sd
+    assert winner([lossy, sd], 0.5) is lossy
+    assert winner([sd, row("auto", 1.25)], 0.0).mode == "auto"
 
 
 def test_cli_tune(ladder_paths: LadderPaths) -> None:

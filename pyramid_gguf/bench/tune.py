@@ -33,7 +33,8 @@ from typing import Any
 from ..api import Pyramid
 from ..config import SamplingConfig, SpecConfig, cache_home
 from ..errors import UserError
-from ..ladder import TIERS, LadderPaths, NGram
+from ..ladder import TIERS, LadderPaths, LadderShape
+from ..modes import modes_for
 from .grid import BenchConfig
 from .prompts import BenchPrompt
 from .results import RowResult, aggregate
@@ -97,22 +98,18 @@ def load_tuned(paths: LadderPaths) -> SpecConfig | None:
 
 
 def candidates(
-    base: SpecConfig,
-    *,
-    has_draft: bool,
-    has_qualifier: bool,
-    ngram: bool = False,
-    max_quality_drop: float = 0.0,
+    base: SpecConfig, shape: LadderShape, *, max_quality_drop: float = 0.0
 ) -> list[BenchConfig]:
     """The search grid, most promising first (``target`` itself is not a candidate): ``auto``
-    (which needs no draft: the n-gram drafter), then the fixed modes the ladder allows."""
+    (which needs no draft: the n-gram drafter), then the fixed modes the ladder's ``shape``
+    can run (the mode table), lossy ones only when ``max_quality_drop`` allows them."""
     out: list[BenchConfig] = [BenchConfig.of(base, "auto")]
-    if not has_draft:
+    if not shape.has_draft:
         return out
     sd = [(4, 0.0), (2, 0.0), (8, 0.0), (6, 0.0), (3, 0.0)]
-    if not ngram:
+    if not shape.ngram:  # a model draft's confidence can stop it early
         sd[3:3] = [(8, 0.3), (6, 0.2)]
-    psd = [(4, 8), (3, 8), (2, 6), (4, 12), (6, 12)] if has_qualifier else []
+    psd = [(4, 8), (3, 8), (2, 6), (4, 12), (6, 12)] if shape.has_qualifier else []
     # interleave so a small --max-configs still covers both families
     for i in range(max(len(sd), len(psd))):
         if i < len(psd):
@@ -122,17 +119,31 @@ def candidates(
     if max_quality_drop > 0:
         for tau in (0.3, 0.5, 0.7):
             out.append(BenchConfig.of(base, "fsd", l_d=6, tau_t=tau, p_min=0.0))
-            if has_qualifier:
+            if shape.has_qualifier:
                 out.append(BenchConfig.of(base, "psd-a", l_d=4, l_q=8, tau_t=tau, p_min=0.0))
                 out.append(
                     BenchConfig.of(base, "psd-f", l_d=4, l_q=8, tau_q=tau, tau_t=tau, p_min=0.0)
                 )
-    return out
+    runnable = set(modes_for(shape.n_tiers))
+    return [c for c in out if c.spec.mode in runnable]
 
 
 def quality_drop(row: RowResult) -> float:
     """0 for lossless modes; else 1 - positional agreement with the target's tokens."""
     return 0.0 if row.lossless else max(0.0, 1.0 - row.agreement_positional)
+
+
+def eligible(row: RowResult, max_quality_drop: float) -> bool:
+    """Within the quality bound (lossless rows always are)."""
+    return quality_drop(row) <= max_quality_drop + 1e-9
+
+
+def winner(rows: Sequence[RowResult], max_quality_drop: float) -> RowResult | None:
+    """The fastest row that is eligible and faster than ``target`` measured in the same run
+    (``speedup > 1``), or None: then ``target`` is recommended. ``tune`` never recommends a
+    configuration slower than ``target`` in its own measurements."""
+    fast = [r for r in rows if eligible(r, max_quality_drop) and r.speedup > 1.0]
+    return max(fast, key=lambda r: r.speedup, default=None)
 
 
 # --- the search ------------------------------------------------------------------------------
@@ -183,7 +194,7 @@ def _summary(row: RowResult, phase: str, max_drop: float) -> dict[str, Any]:
         "tps": round(row.tps["median"], 2),
         "speedup": round(row.speedup, 4),
         "quality_drop": round(drop, 4),
-        "eligible": drop <= max_drop + 1e-9,
+        "eligible": eligible(row, max_drop),
     }
 
 
@@ -207,15 +218,8 @@ def tune(
     ladder's recommended knobs) and save the winner."""
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
-    ladder = pyramid.ladder
-    has_draft = ladder.draft is not None
-    grid = candidates(
-        base,
-        has_draft=has_draft,
-        has_qualifier=has_draft and ladder.qualifier is not None,
-        ngram=isinstance(ladder.draft, NGram),
-        max_quality_drop=max_quality_drop,
-    )[: max(0, max_configs)]
+    grid = candidates(base, pyramid.ladder.shape, max_quality_drop=max_quality_drop)
+    grid = grid[: max(0, max_configs)]
     target_row = BenchConfig.of(base, "target")
     measured: list[dict[str, Any]] = []
     screened: list[tuple[float, BenchConfig]] = []
@@ -253,8 +257,7 @@ def tune(
             s = _summary(row, "confirm", max_quality_drop)
             measured.append(s)
             say(f"confirm {row.label}: {s['speedup']:.2f}x")
-            if s["eligible"] and row.speedup > 1.0 and (best is None or row.speedup > best.speedup):
-                best = row
+        best = winner(rows[1:], max_quality_drop)
     else:
         run = run_bench(pyramid, [target_row], prompts, sampling, repeats=1, chat=chat)
         target_result = aggregate(run)[0]

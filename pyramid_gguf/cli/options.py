@@ -20,6 +20,10 @@ from ..ladder import TIERS, LadderPaths
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The config classes' own defaults: flags show them, never restate them.
+LOAD = LoadConfig()
+SAMPLING = SamplingConfig()
+
 
 class PyramidCommand(click.Command):
     """A click command whose bad input is one ``Error:`` line and exit status 1.
@@ -66,7 +70,7 @@ ctx_size_option = click.option(
     "-c",
     "n_ctx",
     type=int,
-    default=4096,
+    default=LOAD.n_ctx,
     show_default=True,
     help="Context window of each model, in tokens.",
 )
@@ -75,7 +79,7 @@ batch_size_option = click.option(
     "-b",
     "n_batch",
     type=int,
-    default=512,
+    default=LOAD.n_batch,
     show_default=True,
     help="Largest llama_decode batch.",
 )
@@ -83,7 +87,7 @@ cache_type_k_option = click.option(
     "--cache-type-k",
     "type_k",
     type=click.Choice(KV_TYPES),
-    default="f16",
+    default=LOAD.type_k,
     show_default=True,
     help="KV cache type for K.",
 )
@@ -91,7 +95,7 @@ cache_type_v_option = click.option(
     "--cache-type-v",
     "type_v",
     type=click.Choice(KV_TYPES),
-    default="f16",
+    default=LOAD.type_v,
     show_default=True,
     help="KV cache type for V.",
 )
@@ -124,7 +128,7 @@ def ladder_options(f: F) -> F:
                 "-ngl",
                 "n_gpu_layers",
                 type=int,
-                default=-1,
+                default=LOAD.n_gpu_layers,
                 show_default=True,
                 help="Layers to offload per model (-1: all).",
             ),
@@ -134,7 +138,7 @@ def ladder_options(f: F) -> F:
                 "n_threads",
                 type=int,
                 default=None,
-                help=f"CPU threads for generation and batches [default: {default_threads()}].",
+                help=f"CPU threads for generation and batches [default: {LOAD.n_threads}].",
             ),
             click.option(
                 "--flash-attn/--no-flash-attn",
@@ -170,7 +174,7 @@ def sampling_options(f: F) -> F:
                 "--max-tokens",
                 "-n",
                 type=int,
-                default=256,
+                default=SAMPLING.max_tokens,
                 show_default=True,
                 help="Tokens to generate at most.",
             ),
@@ -179,16 +183,18 @@ def sampling_options(f: F) -> F:
                 "--temp",
                 "temperature",
                 type=float,
-                default=0.8,
+                default=SAMPLING.temperature,
                 show_default=True,
                 help="0 is greedy.",
             ),
-            click.option("--top-k", type=int, default=40, show_default=True, help="0 disables."),
             click.option(
-                "--top-p", type=float, default=0.95, show_default=True, help="1 disables."
+                "--top-k", type=int, default=SAMPLING.top_k, show_default=True, help="0 disables."
             ),
             click.option(
-                "--min-p", type=float, default=0.05, show_default=True, help="0 disables."
+                "--top-p", type=float, default=SAMPLING.top_p, show_default=True, help="1 disables."
+            ),
+            click.option(
+                "--min-p", type=float, default=SAMPLING.min_p, show_default=True, help="0 disables."
             ),
             click.option("--seed", "-s", type=int, default=None, help="Random seed."),
             click.option("--stop", multiple=True, help="Stop string (repeatable)."),
