@@ -2,7 +2,7 @@
 # The GPU check (README, "On a GPU"), as run on a lent H100 through the device tool:
 #
 #   carry .gpu/ = llama-cpp-python's sdist without vendor/llama.cpp/{models,docs}, plus the
-#   gguf and diskcache wheels the image lacks; then call `bash scripts/gpu_session.sh` until it
+#   gguf and diskcache wheels the image lacks; then call `bash scripts/gpu/session.sh` until it
 #   prints "all stages done".
 #
 # Each call stays under GS_BUDGET seconds (default 560) and resumes where the last one stopped
@@ -67,7 +67,7 @@ fi
 
 # 2. Synthetic ladders while it builds (CPU and disk only).
 for ladder in llama qwen; do
-    stage "ladder-$ladder" $PY scripts/synth_ladder.py --out "$W/models" --ladder "$ladder" \
+    stage "ladder-$ladder" $PY scripts/gpu/synth_ladder.py --out "$W/models" --ladder "$ladder" \
         --layers-scale "${GS_LAYERS_SCALE:-1}"
 done
 
@@ -107,12 +107,12 @@ stage tests $PY -m pytest -q -p no:cacheprovider tests/test_lossless.py tests/te
     tests/test_native.py tests/test_acceptance.py tests/test_sampling.py tests/test_calibrate.py
 stage costs $PY scripts/batch_cost.py "$L"-{1b,3b,8b}-q4_k_m.gguf "$Q"-{0.5b,1.5b,7b}-q4_k_m.gguf \
     --max 32 --every --repeats 5 --json
-stage plan-llama $PY scripts/gpu_check.py --ladder llama --models-dir "$W/models" --out "$R/plan-llama"
-stage lossless-llama $PY scripts/gpu_lossless.py "$L"-{1b,3b,8b}-q4_k_m.gguf --json "$R/lossless-llama.json"
+stage plan-llama $PY scripts/gpu/check.py --ladder llama --models-dir "$W/models" --out "$R/plan-llama"
+stage lossless-llama $PY scripts/gpu/lossless.py "$L"-{1b,3b,8b}-q4_k_m.gguf --json "$R/lossless-llama.json"
 stage bench-llama $PY -m pyramid_gguf bench "${LLAMA[@]}" -m "$L-8b-q4_k_m.gguf" "${BENCH[@]}" \
     --csv "$R/bench-llama.csv"
-stage plan-qwen $PY scripts/gpu_check.py --ladder qwen --models-dir "$W/models" --out "$R/plan-qwen"
-stage lossless-qwen $PY scripts/gpu_lossless.py "$Q"-{0.5b,1.5b,7b}-q4_k_m.gguf --json "$R/lossless-qwen.json"
+stage plan-qwen $PY scripts/gpu/check.py --ladder qwen --models-dir "$W/models" --out "$R/plan-qwen"
+stage lossless-qwen $PY scripts/gpu/lossless.py "$Q"-{0.5b,1.5b,7b}-q4_k_m.gguf --json "$R/lossless-qwen.json"
 stage bench-qwen $PY -m pyramid_gguf bench "${QWEN[@]}" -m "$Q-7b-q4_k_m.gguf" "${BENCH[@]}" \
     --csv "$R/bench-qwen.csv"
 # Where the scheduler's time goes in the modes that spend most of it in Python.

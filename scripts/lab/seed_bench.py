@@ -6,7 +6,7 @@ with the mode (which goes first alternates from seed to seed), the same number o
 (``ignore_eos``), and prints both speeds, their ratio and what ``auto`` bet; then the median
 and mean ratio.
 
-    python scripts/seed_bench.py -p "Write a Python function that checks whether ..." \\
+    python scripts/lab/seed_bench.py -p "Write a Python function that checks whether ..." \\
         [--mode auto] [--seeds 8] [-n 256] [--temp 0.8] [-t 2]
 """
 

@@ -2,10 +2,10 @@
 
 Run on a machine with a CUDA build of llama-cpp-python (builds nothing)::
 
-    python scripts/gpu_check.py --out /tmp/gpu_check [--ladder llama] [--budgets 4GiB,6GiB]
+    python scripts/gpu/check.py --out /tmp/gpu_check [--ladder llama] [--budgets 4GiB,6GiB]
 
 It writes random-weight Q4_K_M ladders shaped like Llama 3.2 1B / 3.2 3B / 3.1 8B (or Qwen2.5
-0.5B / 1.5B / 7B) with ``scripts/synth_ladder.py``, plans each budget, loads every tier with
+0.5B / 1.5B / 7B) with ``scripts/gpu/synth_ladder.py``, plans each budget, loads every tier with
 the planned ``n_gpu_layers`` and records, next to the plan's per-tier GPU bytes, what llama.cpp
 reports (its ``CUDA0 ... buffer size`` lines: weights, KV cache, compute) and the device memory
 the load took (``nvidia-smi``, CUDA's own context included) in ``<out>/report.json``.

@@ -6,8 +6,8 @@ sane scales, the types chosen as llama.cpp's Q4_K_M recipe chooses them (``attn_
 ``ffn_down`` in Q6_K on the layers ``use_more_bits`` picks, the output head in Q6_K, rows not
 a multiple of 256 in Q8_0), so an 8B file takes seconds instead of an f16 write and a quantize.
 
-    python scripts/synth_ladder.py --out /tmp/ladders llama-1b llama-3b llama-8b
-    python scripts/synth_ladder.py --out /tmp/ladders --ladder qwen [--layers-scale 0.25]
+    python scripts/gpu/synth_ladder.py --out /tmp/ladders llama-1b llama-3b llama-8b
+    python scripts/gpu/synth_ladder.py --out /tmp/ladders --ladder qwen [--layers-scale 0.25]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from synth import tiny_vocab
 
 Q = gguf.GGMLQuantizationType

@@ -5,7 +5,7 @@ real acceptance but CPU timings. This combines the two through ``auto``'s own ar
 (:mod:`pyramid_gguf.decoding.policy`)::
 
     pyramid-gguf bench --modes sd,psd-exact,psd-a,psd-f --csv acceptance.csv   # any machine
-    python scripts/gpu_predict.py docs/gpu-h100/batch_cost.json acceptance.csv \\
+    python scripts/gpu/predict.py docs/gpu-h100/batch_cost.json acceptance.csv \\
         --draft synthetic-llama-1b-q4_k_m.gguf --qualifier synthetic-llama-3b-q4_k_m.gguf \\
         --target synthetic-llama-8b-q4_k_m.gguf
 

@@ -4,7 +4,7 @@ The near-tie-aware form of the tests, for ladders too large for the test suite (
 runs it on synthetic Llama 3.2 1B / 3B / 3.1 8B and Qwen2.5 0.5B / 1.5B / 7B shapes, every
 layer offloaded)::
 
-    python scripts/gpu_lossless.py DRAFT.gguf QUALIFIER.gguf TARGET.gguf [--json out.json]
+    python scripts/gpu/lossless.py DRAFT.gguf QUALIFIER.gguf TARGET.gguf [--json out.json]
 
 For each prompt, ``sd``, ``psd-exact`` (both rules) and ``auto`` must give the target's greedy
 tokens, or first differ where both tokens are within ``--bound`` logits of the target's top
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from lossless import REAL_TIE, first_difference, target_logits_at
 
 from pyramid_gguf import Pyramid
