@@ -1,0 +1,74 @@
+"""The README's and docs/ALGORITHMS.md's mode and knob tables say what the code does: the modes
+of :data:`~pyramid_gguf.modes.MODES` (lossless or not, tiers needed) and the knobs of
+:data:`~pyramid_gguf.config.SPEC_KNOBS` with :class:`~pyramid_gguf.config.SpecConfig`'s
+defaults."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from pyramid_gguf.config import SPEC_KNOBS, SpecConfig
+from pyramid_gguf.modes import MODES
+
+ROOT = Path(__file__).resolve().parents[1]
+NEEDS = {1: "target", 2: "draft, target", 3: "all three"}
+
+
+def table_rows(path: Path, header: str) -> list[list[str]]:
+    """The cells of the Markdown table whose header row starts with ``header``."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(header))
+    rows = []
+    for ln in lines[start + 2 :]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", ln.strip().strip("|"))])
+    return rows
+
+
+def first_code(cell: str) -> str:
+    return re.findall(r"`([^`]+)`", cell)[0]
+
+
+@pytest.mark.parametrize(
+    ("doc", "header"),
+    [("README.md", "| mode | draft -> qualifier"), ("docs/ALGORITHMS.md", "| mode | stage 1")],
+)
+def test_mode_tables_match_the_mode_table(doc: str, header: str) -> None:
+    rows = table_rows(ROOT / doc, header)
+    by_mode = {first_code(r[0]): r for r in rows}
+    assert list(by_mode) == list(MODES)
+    for name, row in by_mode.items():
+        lossless_cell = row[3]
+        assert lossless_cell.startswith("yes" if MODES[name].lossless else "no"), (doc, name)
+        if doc == "README.md":
+            assert row[4] == NEEDS[MODES[name].n_tiers], (name, row[4])
+
+
+def shown(value: object) -> str:
+    """How the README's knob table writes a default."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        return f"`{value}`"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def test_knob_table_matches_spec_knobs_and_defaults() -> None:
+    rows = table_rows(ROOT / "README.md", "| knob | meaning | default |")
+    defaults = {f.name: f.default for f in fields(SpecConfig)}
+    documented: dict[str, str] = {}
+    for row in rows:
+        flags = re.findall(r"`--([a-z-]+)`", row[0])
+        values = [v.strip() for v in re.sub(r"\s*\(.*\)", "", row[2]).split(",")]
+        if len(values) == 1:
+            values = values * len(flags)
+        documented |= {f.replace("-", "_"): v for f, v in zip(flags, values, strict=True)}
+    knobs = {k.name for k in SPEC_KNOBS} - {"mode"}  # the mode has its own table
+    assert set(documented) == knobs
+    for name, value in documented.items():
+        assert value == shown(defaults[name]), (name, value)
