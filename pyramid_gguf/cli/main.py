@@ -31,7 +31,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import bench, calibrate, models, plan, run, serve, tune
+    from . import bench, calibrate, models, plan, run, serve, traces, tune
 
     main.add_command(run.run)
     main.add_command(models.models)
@@ -41,6 +41,7 @@ def _register() -> None:
     main.add_command(bench.bench)
     main.add_command(tune.tune)
     main.add_command(calibrate.calibrate)
+    main.add_command(traces.traces)
     main.add_command(serve.serve)
 
 

@@ -95,6 +95,8 @@ class AutoRounds:
         #: matches before it quote the prompt.
         self.answer_start: int | None = None
         self.shadows: list[Shadow] = []
+        #: Rounds run so far in this generation.
+        self.rounds = 0
         self._bounds: dict[tuple[str, tuple[Keep, ...], int], Option | None] = {}
 
     # --- choosing --------------------------------------------------------------------------
@@ -116,6 +118,9 @@ class AutoRounds:
                 available=len(match.continuation),
                 budget=budget,
             )
+        # models have no shadows to learn from: an allowance for their rounds (EXPLORE_SHARE)
+        allowance = policy.EXPLORE_SHARE * self.rounds * budget.base.seconds
+        explore = policy.Budget(budget.base, budget.savings + allowance)
         for chain in self.model_chains:
             keeps = self._keeps(chain)
             bound = self._bound(chain, keeps, max_k)
@@ -124,13 +129,15 @@ class AutoRounds:
                 continue
             lags = {t.name: t.lag(committed) for t in self.runner.tiers(chain)[:-1]}
             out[chain.name] = chain.price(
-                self.costs, keeps, max_k, overhead=self.overhead, lags=lags, budget=budget
+                self.costs, keeps, max_k, overhead=self.overhead, lags=lags, budget=explore
             )
         return out
 
     def _keeps(self, chain: Chain) -> tuple[Keep, ...]:
-        """The learned keep rate of each stage of a model chain."""
-        return tuple((r, r) for r in (self.chain_keep.rate(s.name) for s in chain.stages))
+        """The keep rate of each stage of a model chain at its upper confidence bound
+        (:data:`~.estimates.EXPLORE`), so that an untried chain gets tried."""
+        rates = (self.chain_keep.optimistic(s.name, self.rounds) for s in chain.stages)
+        return tuple((r, r) for r in rates)
 
     def _bound(self, chain: Chain, keeps: tuple[Keep, ...], max_k: int) -> Option | None:
         """The best option of a model chain at these keep rates, caught up and without a
@@ -162,6 +169,7 @@ class AutoRounds:
             if pick.best is not None:
                 self.auto.outlook[name] = pick.best.rate / base.rate
         new, proposed = self._execute(choice, committed, match)
+        self.rounds += 1
         self.auto.record(choice.chain, proposed, len(new))
         if choice is not base:  # what this round saved (or lost) against plain decoding
             self.ledger.round(choice, len(new), base)

@@ -43,6 +43,12 @@ CONFIDENT_GAIN = 1.25
 #: first prompt at plain speed on both (1.0 lost a bet) and the edit set on the AVX-512 curve
 #: at 1.21x, as without a budget (0.25: 1.07x).
 SHADOW_CREDIT = 0.5
+#: Model chains may also spend this share of the plain decoding time the generation has run so
+#: far on rounds its savings do not cover: a model draft has no free shadow to learn from, so
+#: without an allowance one unlucky first bet would stop it for the whole generation (replayed
+#: on GPU-shaped curves, a draft keeping 0.3 that pays 1.2x was never run again after its first
+#: three rounds lost 0.02 s). Bounded: a generation loses at most this share plus one token.
+EXPLORE_SHARE = 0.02
 #: A tier that lags behind the committed text catches up when next used; that cost is spread
 #: over this many rounds when pricing a chain (it is paid once, not every round).
 CATCH_UP_ROUNDS = 8

@@ -124,7 +124,8 @@ class Ladder:
     @property
     def models(self) -> list[ModelTier]:
         """The loaded models, smallest first."""
-        return [t for t in (self.draft, self.qualifier, self.target) if isinstance(t, ModelTier)]
+        tiers = (self.draft, self.qualifier, self.target)
+        return [t for t in tiers if t is not None and not isinstance(t, NGram)]
 
     @property
     def n_tiers(self) -> int:
