@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("native",),
     ("models",),
     ("decoding",),
+    ("planning",),
     ("api",),
     ("bench", "serving"),
     ("cli", "__main__"),

@@ -290,7 +290,7 @@ def test_truncated_header(tmp_path: Path, tiny_ladder: dict[str, Path]) -> None:
 def test_cli_on_tiny_models(tiny_ladder: dict[str, Path]) -> None:
     res = invoke(
         "--draft", str(tiny_ladder["draft"]), "--qualifier", str(tiny_ladder["qualifier"]),
-        "--target", str(tiny_ladder["target"]), "--vram", "4GiB", "--ctx-size", "256",
+        "--target", str(tiny_ladder["target"]), "--vram", "4GiB", "--ctx-size", "256", "--fit",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "draft=3 qualifier=4 target=5" in res.output
@@ -352,6 +352,7 @@ def test_real_plans(qwen_draft_path: Path, qwen_target_path: Path) -> None:
 @pytest.mark.real
 def test_real_cli_table_and_json(qwen_draft_path: Path, qwen_target_path: Path) -> None:
     args = ["--draft", str(qwen_draft_path), "--target", str(qwen_target_path), "--vram", "1GiB"]
+    args.append("--fit")
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     assert "draft" in res.output and "target" in res.output

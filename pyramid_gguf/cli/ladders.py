@@ -57,12 +57,15 @@ def load_pyramid(
     measures the tiers' cost curves now, saying so on stderr when it measures, so that no
     generation pays for it.
     """
+    paths, tier_loads = resolved.paths, None
+    if args.vram is not None:
+        paths, tier_loads = planned_ladder(args.vram, args.load, resolved, spec)
     pyramid = Pyramid.load(
-        resolved.paths,
+        paths,
         load=args.load,
         spec=spec,
         name=resolved.name,
-        tier_loads=_planned_loads(args.vram, args.load, resolved.paths),
+        tier_loads=tier_loads,
         share_ngrams=share_ngrams,
     )
     if calibrate or (calibrate is None and (spec.info.auto or args.load.strict_identity)):
@@ -74,13 +77,32 @@ def load_pyramid(
     return pyramid
 
 
-def _planned_loads(
-    vram: str | None, load: LoadConfig, paths: LadderPaths
-) -> dict[str, LoadConfig] | None:
-    """Per-tier load configs from the memory planner when ``--vram`` is given."""
-    if vram is None:
-        return None
-    from ..models.planner import plan_ladder, resolve_budget, tier_load_config
+def planned_ladder(
+    vram: str, load: LoadConfig, resolved: Resolved, spec: SpecConfig
+) -> tuple[LadderPaths, dict[str, LoadConfig]]:
+    """The placement ``pyramid-gguf plan`` ranks first for ``--vram`` (a fixed mode keeps the
+    tiers it needs): the tiers to load and each one's load config. Says on stderr what was
+    chosen and what that was predicted from."""
+    from ..models.memory import model_memory
+    from ..models.planner import resolve_budget
+    from ..native import supports_gpu_offload
+    from ..planning import sources
+    from ..planning.rank import load_plan, rank_ladder
 
-    plan = plan_ladder(resolve_budget(vram), paths, load)
-    return {tier: tier_load_config(plan, tier, load) for tier in plan.tier_names}
+    models = {t: model_memory(p) for t, p in resolved.paths.model_files().items()}
+    gpu = sources.gpu_profile() if supports_gpu_offload() else None
+    traces = sources.traces_for(resolved.name)
+    ranking = rank_ladder(
+        models, resolve_budget(vram), load, traces, sources.cpu_profile(), gpu, spec=spec
+    )
+    best = ranking.best
+    layers = ", ".join(f"{t} {best.placement.n_gpu_layers(t)}" for t in best.placement.tiers)
+    click.echo(
+        f"--vram {vram}: {best.placement.name} (GPU layers: {layers}); predicted "
+        f"{best.tps:.1f} tok/s, {best.speedup:.2f}x the best plain decoding, from traces of "
+        f"{traces.ladder} and the {ranking.cpu.name}"
+        + (f" / {ranking.gpu.name}" if ranking.gpu else "")
+        + " profiles (pyramid-gguf plan shows the ranking)",
+        err=True,
+    )
+    return load_plan(resolved.paths, ranking, load)

@@ -1,18 +1,24 @@
-"""``pyramid-gguf plan``: how many layers of each tier fit a GPU memory budget.
+"""``pyramid-gguf plan``: how to spend a GPU memory budget on a ladder.
 
-Reads GGUF headers only (no model is loaded). Sizes shown in MiB (2^20 bytes).
+Reads GGUF headers only (no model is loaded). By default it ranks every placement of the ladder
+(all tiers; no qualifier; the qualifier as the only draft; the draft on the CPU; the target
+alone) by the speed ``auto`` is predicted to reach with it (:mod:`pyramid_gguf.planning`), and
+shows the winner's memory table; ``--fit`` only fits every tier, the draft first. Sizes in MiB.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from ..config import LoadConfig
 from ..ladder import LadderPaths
-from ..models.memory import fmt_mib, parse_size
-from ..models.planner import Plan, plan_ladder, resolve_budget
+from ..models.memory import MiB, fmt_mib, model_memory, parse_size
+from ..models.planner import KvQuant, Plan, make_plan, resolve_budget
+from ..planning import sources
+from ..planning.rank import Ranking, rank_ladder
 from .options import (
     batch_size_option,
     cache_type_k_option,
@@ -21,7 +27,7 @@ from .options import (
     ctx_size_option,
 )
 
-__all__ = ["format_plan", "plan"]
+__all__ = ["format_plan", "format_ranking", "plan"]
 
 
 def format_plan(p: Plan) -> str:
@@ -64,6 +70,39 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def format_ranking(r: Ranking) -> str:
+    """The ranking table: per placement, each tier's GPU layers and VRAM, plain decoding's and
+    ``auto``'s predicted speed, and the chain ``auto`` ran most."""
+    head = (
+        f"{'placement':<20} {'draft':>13} {'qualifier':>13} {'target':>13} "
+        f"{'plain tok/s':>11} {'auto tok/s':>10} {'vs best plain':>13}  auto ran"
+    )
+    lines = [
+        "predicted (greedy), per placement; tiers: GPU layers, VRAM MiB",
+        head,
+        "-" * len(head),
+    ]
+    for p in r.predictions:
+        cells = []
+        for tier in ("draft", "qualifier", "target"):
+            if tier in p.placement.tiers:
+                t = p.placement.plan.tier(tier)
+                cells.append(f"{t.n_gpu_layers}/{t.n_layer + 1} {t.gpu_bytes / MiB:.0f}")
+            else:
+                cells.append("-")
+        lines.append(
+            f"{p.placement.name:<20} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13} "
+            f"{p.plain_tps:>11.1f} {p.tps:>10.1f} {p.speedup:>12.2f}x  {p.main_chain}"
+        )
+    lines += ["-" * len(head), *r.sources()]
+    best, plain = r.best, max(p.plain_tps for p in r.predictions)
+    lines.append(
+        f"best: {best.placement.name}, auto predicted {best.tps:.1f} tok/s, "
+        f"{best.speedup:.2f}x the best plain decoding ({plain:.1f} tok/s)"
+    )
+    return "\n".join(lines)
+
+
 @command()
 @click.option("--draft", metavar="GGUF", default=None, help="Draft (smallest) model.")
 @click.option("--qualifier", metavar="GGUF", default=None, help="Qualifier (mid-size) model.")
@@ -92,6 +131,31 @@ def format_plan(p: Plan) -> str:
     default=None,
     help="VRAM kept free [default: max(256MiB, 5% of the budget)].",
 )
+@click.option(
+    "--fit",
+    is_flag=True,
+    help="Only fit every tier into the budget (the draft first), without ranking placements.",
+)
+@click.option(
+    "--traces",
+    "traces_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Acceptance traces (pyramid-gguf traces) [default: this ladder's, else the shipped ones].",
+)
+@click.option("--prompts", "sets", default=None, help="Only these prompt sets of the traces.")
+@click.option(
+    "--cpu-profile",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="CPU device profile (scripts/device_profile.py) [default: yours, else shipped].",
+)
+@click.option(
+    "--gpu-profile",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="GPU device profile [default: yours, else the H100's].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(
     draft: str | None,
@@ -104,22 +168,48 @@ def plan(
     type_v: str,
     kv_quant: str,
     margin: str | None,
+    fit: bool,
+    traces_path: Path | None,
+    sets: str | None,
+    cpu_profile: Path | None,
+    gpu_profile: Path | None,
     as_json: bool,
 ) -> None:
-    """Plan GPU offload for a ladder: n_gpu_layers per tier within a VRAM budget.
+    """Plan GPU offload for a ladder within a VRAM budget.
 
-    The draft is placed first, then the qualifier, then the target; a tier gets layers only
-    once the tiers before it are fully on the GPU.
+    Ranks every placement (all tiers, no qualifier, the qualifier as the only draft, the draft
+    on the CPU, the target alone) by the speed auto is predicted to reach, from acceptance
+    traces and cost curves composed from device profiles, and shows the winner's layers per
+    tier. With --fit: every tier, the draft first, then the qualifier, then the target.
     """
     load = LoadConfig(n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)  # type: ignore[arg-type]
-    result = plan_ladder(
-        resolve_budget(vram),
-        LadderPaths.of(target, qualifier, draft),
+    paths = LadderPaths.of(target, qualifier, draft)
+    models = {tier: model_memory(p) for tier, p in paths.model_files().items()}
+    budget = resolve_budget(vram)
+    quant: KvQuant = "auto" if kv_quant == "auto" else "off"
+    margin_bytes = None if margin is None else parse_size(margin)
+    if fit:
+        result = make_plan(
+            list(models.items()), budget, load, kv_quant=quant, margin_bytes=margin_bytes
+        )
+        click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result))
+        return
+    traces = sources.traces_for(paths.target.stem, traces_path)
+    if sets:
+        traces = traces.select([s.strip() for s in sets.split(",") if s.strip()])
+    ranking = rank_ladder(
+        models,
+        budget,
         load,
-        kv_quant="auto" if kv_quant == "auto" else "off",
-        margin_bytes=None if margin is None else parse_size(margin),
+        traces,
+        sources.cpu_profile(cpu_profile),
+        sources.gpu_profile(gpu_profile),
+        kv_quant=quant,
+        margin=margin_bytes,
     )
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps(ranking.to_dict(), indent=2))
     else:
-        click.echo(format_plan(result))
+        click.echo(format_ranking(ranking))
+        click.echo("")
+        click.echo(format_plan(ranking.best.placement.plan))

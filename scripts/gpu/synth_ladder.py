@@ -8,6 +8,10 @@ a multiple of 256 in Q8_0), so an 8B file takes seconds instead of an f16 write 
 
     python scripts/gpu/synth_ladder.py --out /tmp/ladders llama-1b llama-3b llama-8b
     python scripts/gpu/synth_ladder.py --out /tmp/ladders --ladder qwen [--layers-scale 0.25]
+    python scripts/gpu/synth_ladder.py --out /tmp/shapes --ladder llama --header-only
+
+``--header-only`` writes the header and leaves the tensor data a hole (a sparse file of the
+full size, no disk used): enough for ``pyramid-gguf plan``, which reads headers only.
 """
 
 from __future__ import annotations
@@ -105,8 +109,11 @@ class RandomBlocks:
         return blocks.reshape(rows, n_in // per_block * type_size)
 
 
-def write(name: str, path: Path, *, layers_scale: float = 1.0, seed: int = 0) -> Path:
-    """Write the synthetic model ``name`` (a key of :data:`SHAPES`) to ``path``."""
+def write(
+    name: str, path: Path, *, layers_scale: float = 1.0, seed: int = 0, header_only: bool = False
+) -> Path:
+    """Write the synthetic model ``name`` (a key of :data:`SHAPES`) to ``path`` (with
+    ``header_only``, the tensor data is a hole of the right size)."""
     shape = SHAPES[name]
     n_layer = max(1, round(shape.n_layer * layers_scale))
     head_dim = shape.n_embd // shape.n_head
@@ -139,10 +146,18 @@ def write(name: str, path: Path, *, layers_scale: float = 1.0, seed: int = 0) ->
 
     def matrix(key: str, rows: int, n_in: int, layer: int = 0) -> None:
         qtype = block_type(key, n_in, shape, layer)
-        w.add_tensor(key, blocks.tensor(qtype, rows, n_in), raw_dtype=qtype)
+        if header_only:
+            per_block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            row_bytes = n_in // per_block * type_size
+            w.add_tensor_info(key, (rows, row_bytes), np.dtype(np.uint8), rows * row_bytes, qtype)
+        else:
+            w.add_tensor(key, blocks.tensor(qtype, rows, n_in), raw_dtype=qtype)
 
     def ones(key: str, n: int) -> None:
-        w.add_tensor(key, np.ones(n, dtype=np.float32))
+        if header_only:
+            w.add_tensor_info(key, (n,), np.dtype(np.float32), 4 * n)
+        else:
+            w.add_tensor(key, np.ones(n, dtype=np.float32))
 
     matrix("token_embd.weight", shape.n_vocab, shape.n_embd)
     ones("output_norm.weight", shape.n_embd)
@@ -156,7 +171,7 @@ def write(name: str, path: Path, *, layers_scale: float = 1.0, seed: int = 0) ->
         matrix(b + "attn_v.weight", n_kv, shape.n_embd, i)
         if shape.qkv_bias:
             for part, n in (("q", shape.n_embd), ("k", n_kv), ("v", n_kv)):
-                w.add_tensor(f"{b}attn_{part}.bias", np.zeros(n, dtype=np.float32))
+                ones(f"{b}attn_{part}.bias", n)
         matrix(b + "attn_output.weight", shape.n_embd, shape.n_embd, i)
         ones(b + "ffn_norm.weight", shape.n_embd)
         matrix(b + "ffn_gate.weight", shape.n_ff, shape.n_embd, i)
@@ -164,12 +179,23 @@ def write(name: str, path: Path, *, layers_scale: float = 1.0, seed: int = 0) ->
         matrix(b + "ffn_down.weight", shape.n_embd, shape.n_ff, i)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    if header_only:
+        w.write_ti_data_to_file()
+        out = w.fout[0]
+        start = gguf.GGUFWriter.ggml_pad(out.tell(), w.data_alignment)
+        size = sum(
+            gguf.GGUFWriter.ggml_pad(ti.nbytes, w.data_alignment) for ti in w.tensors[0].values()
+        )
+        out.truncate(start + size)
+    else:
+        w.write_tensors_to_file()
     w.close()
     return path
 
 
-def ladder_paths(out: Path, names: Sequence[str], layers_scale: float = 1.0) -> list[Path]:
+def ladder_paths(
+    out: Path, names: Sequence[str], layers_scale: float = 1.0, header_only: bool = False
+) -> list[Path]:
     """Write (or reuse) each model of ``names`` under ``out``; smallest first."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -178,7 +204,7 @@ def ladder_paths(out: Path, names: Sequence[str], layers_scale: float = 1.0) -> 
         if not path.exists():
             t0 = time.perf_counter()
             tmp = path.with_suffix(".part")
-            write(name, tmp, layers_scale=layers_scale, seed=i)
+            write(name, tmp, layers_scale=layers_scale, seed=i, header_only=header_only)
             tmp.rename(path)
             size = path.stat().st_size / 2**30
             print(f"wrote {path} ({size:.2f} GiB, {time.perf_counter() - t0:.0f} s)", flush=True)
@@ -192,12 +218,13 @@ def main() -> None:
     ap.add_argument("--ladder", choices=sorted(LADDERS), help="all three tiers of a ladder")
     ap.add_argument("--out", type=Path, default=Path("/tmp/synthetic-ladders"))
     ap.add_argument("--layers-scale", type=float, default=1.0, help="keep this share of blocks")
+    ap.add_argument("--header-only", action="store_true", help="tensor data left a hole")
     args = ap.parse_args()
     names = list(LADDERS[args.ladder]) if args.ladder else args.names
     unknown = [n for n in names if n not in SHAPES]
     if not names or unknown:
         ap.error(f"name models from {', '.join(SHAPES)} or pass --ladder")
-    for path in ladder_paths(args.out, names, args.layers_scale):
+    for path in ladder_paths(args.out, names, args.layers_scale, args.header_only):
         print(path)
 
 

@@ -1,0 +1,272 @@
+"""Placements of a ladder in a VRAM budget, ranked by the speed they are predicted to decode at.
+
+VRAM is the currency: a qualifier's gigabytes could instead hold target layers. A
+:class:`Placement` is one way to spend the budget (every tier, the draft first; no qualifier;
+the qualifier as the only draft; the draft on the CPU; the target alone), fitted by the memory
+planner (:func:`~pyramid_gguf.models.planner.make_plan`). :func:`rank` prices each one: the cost
+curve of every tier at its layer split, composed from device profiles
+(:mod:`.compose`), then ``auto`` replayed over acceptance traces recorded on real models
+(:func:`~pyramid_gguf.decoding.replay.replay_trace`): the same rounds, decisions and budget a
+generation would run, priced by those curves. Greedy decoding; every figure is a prediction and
+says what it was predicted from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..config import LoadConfig, SpecConfig
+from ..decoding.auto import ROUND_OVERHEAD
+from ..decoding.costs import CostCurve
+from ..decoding.replay import replay_trace
+from ..decoding.traces import TraceSet
+from ..errors import UserError
+from ..ladder import LadderPaths, LadderShape
+from ..models.memory import ModelMemory
+from ..models.planner import KvQuant, Plan, make_plan, tier_load_config, tier_plan
+from .compose import DeviceProfile, Link, composed_curve
+
+#: Placement names, in the order they are tried.
+ALL = "all tiers"
+NO_QUALIFIER = "no qualifier"
+QUALIFIER_DRAFTS = "qualifier as draft"
+DRAFT_ON_CPU = "draft on CPU"
+TARGET_ONLY = "target only"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One way to spend the budget: the tiers loaded and the layers each has on the GPU."""
+
+    name: str
+    plan: Plan
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """The tiers loaded, smallest first."""
+        return tuple(t for t in ("draft", "qualifier", "target") if t in self.plan.tier_names)
+
+    @property
+    def shape(self) -> LadderShape:
+        return LadderShape(self.tiers)
+
+    def n_gpu_layers(self, tier: str) -> int:
+        return self.plan.tier(tier).n_gpu_layers
+
+
+def placements(
+    models: Mapping[str, ModelMemory],
+    budget: int,
+    load: LoadConfig,
+    *,
+    kv_quant: KvQuant = "off",
+    margin: int | None = None,
+) -> list[Placement]:
+    """Every way this ladder's tiers (``models``: tier -> memory facts) can share ``budget``
+    bytes of VRAM, each fitted by the memory planner (the tiers it places first fill first)."""
+
+    def fit(order: Sequence[str]) -> Plan:
+        return make_plan(
+            [(t, models[t]) for t in order], budget, load, kv_quant=kv_quant, margin_bytes=margin
+        )
+
+    has_d, has_q = "draft" in models, "qualifier" in models
+    out: list[Placement] = []
+    if has_d and has_q:
+        out.append(Placement(ALL, fit(("draft", "qualifier", "target"))))
+        spent = fit(("qualifier", "target"))
+        cpu_draft = tier_plan("draft", models["draft"], 0, spent.load, op_offload=False)
+        out.append(Placement(DRAFT_ON_CPU, replace(spent, tiers=(cpu_draft, *spent.tiers))))
+    if has_d:
+        out.append(Placement(NO_QUALIFIER, fit(("draft", "target"))))
+    if has_q:
+        out.append(Placement(QUALIFIER_DRAFTS, fit(("qualifier", "target"))))
+    out.append(Placement(TARGET_ONLY, fit(("target",))))
+    return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one placement is predicted to do.
+
+    ``costs``: each tier's composed cost curve. ``tps``: ``auto``'s generated tokens per second
+    over the traces (greedy); ``plain_tps``: plain decoding's in this placement; ``chains``:
+    tokens ``auto`` committed per chain; ``speedup``: ``tps`` over the best plain decoding of
+    any placement (filled by :func:`rank`).
+    """
+
+    placement: Placement
+    costs: Mapping[str, CostCurve]
+    tps: float
+    plain_tps: float
+    chains: Mapping[str, int]
+    speedup: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "placement": self.placement.name,
+            "tiers": {
+                t: {
+                    "n_gpu_layers": self.placement.n_gpu_layers(t),
+                    "gpu_bytes": self.placement.plan.tier(t).gpu_bytes,
+                    "ms_per_token": round(self.costs[t](1) * 1000, 3),
+                }
+                for t in self.placement.tiers
+            },
+            "type_k": self.placement.plan.load.type_k,
+            "type_v": self.placement.plan.load.type_v,
+            "plain_tps": round(self.plain_tps, 2),
+            "auto_tps": round(self.tps, 2),
+            "speedup": round(self.speedup, 3),
+            "committed_by_chain": dict(self.chains),
+            "main_chain": self.main_chain,
+        }
+
+    @property
+    def main_chain(self) -> str:
+        """The chain that committed most tokens beyond plain decoding (``target`` if none)."""
+        spec = {c: n for c, n in self.chains.items() if c != "target" and n > 0}
+        return max(spec, key=lambda c: spec[c]) if spec else "target"
+
+
+def placement_costs(
+    placement: Placement,
+    models: Mapping[str, ModelMemory],
+    cpu: DeviceProfile,
+    gpu: DeviceProfile | None,
+    link: Link | None = None,
+) -> dict[str, CostCurve]:
+    """The composed cost curve of every tier of ``placement``."""
+    return {
+        t: composed_curve(models[t], placement.n_gpu_layers(t), cpu, gpu, link)
+        for t in placement.tiers
+    }
+
+
+def predict(
+    placement: Placement,
+    costs: Mapping[str, CostCurve],
+    traces: TraceSet,
+    spec: SpecConfig | None = None,
+) -> Prediction:
+    """Replay ``auto`` (or ``spec``) over every trace with ``costs``: tokens per second as
+    ``bench`` counts them, summed over the traces."""
+    spec = spec or SpecConfig(mode="auto")
+    tokens = 0
+    seconds = 0.0
+    chains: dict[str, int] = {}
+    for trace in traces.traces:
+        r = replay_trace(trace, costs, spec)
+        tokens += len(r.tokens)
+        seconds += r.seconds
+        if r.stats.auto is not None:
+            for c in r.stats.auto.choices.values():
+                chains[c.chain] = chains.get(c.chain, 0) + c.committed
+    plain = replay_plain(costs["target"])
+    return Prediction(placement, dict(costs), tokens / seconds if seconds else 0.0, plain, chains)
+
+
+def replay_plain(target: CostCurve) -> float:
+    """Plain decoding's tokens per second on ``target``'s curve (one evaluation a token)."""
+    return 1.0 / (target(1) + ROUND_OVERHEAD)
+
+
+def rank(
+    options: Sequence[Placement],
+    models: Mapping[str, ModelMemory],
+    traces: TraceSet,
+    cpu: DeviceProfile,
+    gpu: DeviceProfile | None,
+    *,
+    spec: SpecConfig | None = None,
+    link: Link | None = None,
+) -> list[Prediction]:
+    """``options`` predicted and sorted fastest first (fewer tiers first among equals); each
+    speedup is over the fastest plain decoding of any option (the best a user gets today by
+    fitting the target alone)."""
+    preds = [predict(p, placement_costs(p, models, cpu, gpu, link), traces, spec) for p in options]
+    baseline = max(p.plain_tps for p in preds)
+    preds = [replace(p, speedup=p.tps / baseline) for p in preds]
+    return sorted(preds, key=lambda p: (-round(p.tps, 6), len(p.placement.tiers)))
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A ladder's placements in one budget, fastest first, with what predicted them."""
+
+    predictions: tuple[Prediction, ...]
+    traces: TraceSet
+    cpu: DeviceProfile
+    gpu: DeviceProfile | None
+
+    @property
+    def best(self) -> Prediction:
+        return self.predictions[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sources": self.sources(),
+            "placements": [p.to_dict() for p in self.predictions],
+            "best": self.best.placement.name,
+            "plan": self.best.placement.plan.to_dict(),
+        }
+
+    def sources(self) -> list[str]:
+        """One line per source of the predictions (what they were predicted from)."""
+        sets = ", ".join(self.traces.sets())
+        lines = [
+            f"acceptance: auto replayed (greedy) over {len(self.traces.traces)} traces of "
+            f"{self.traces.ladder} ({sets}), recorded on {self.traces.machine or 'unknown'}",
+            f"CPU costs: profile {self.cpu.name} ({self.cpu.source})",
+        ]
+        if self.gpu is not None:
+            lines.append(f"GPU costs: profile {self.gpu.name} ({self.gpu.source})")
+        return lines
+
+
+def rank_ladder(
+    models: Mapping[str, ModelMemory],
+    budget: int,
+    load: LoadConfig,
+    traces: TraceSet,
+    cpu: DeviceProfile,
+    gpu: DeviceProfile | None,
+    *,
+    spec: SpecConfig | None = None,
+    kv_quant: KvQuant = "off",
+    margin: int | None = None,
+) -> Ranking:
+    """Rank every placement of ``models`` in ``budget`` that can run ``spec``'s mode (any, for
+    ``auto``): a fixed mode keeps the tiers it needs."""
+    spec = spec or SpecConfig(mode="auto")
+    options = [
+        p
+        for p in placements(models, budget, load, kv_quant=kv_quant, margin=margin)
+        if spec.info.auto or _runs(p, spec)
+    ]
+    preds = rank(options, models, traces, cpu, gpu, spec=spec)
+    return Ranking(tuple(preds), traces, cpu, gpu)
+
+
+def _runs(placement: Placement, spec: SpecConfig) -> bool:
+    try:
+        placement.shape.check(spec.mode)
+    except UserError:
+        return False
+    return True
+
+
+def load_plan(
+    paths: LadderPaths, ranking: Ranking, base: LoadConfig
+) -> tuple[LadderPaths, dict[str, LoadConfig]]:
+    """The ladder to load for ``ranking``'s best placement: ``paths`` without the tiers it
+    drops (an n-gram draft stays) and each kept tier's load config (its GPU layers, op offload
+    and KV cache types from the placement's plan)."""
+    placement = ranking.best.placement
+    kept = placement.tiers
+    draft = paths.draft if paths.ngram or "draft" in kept else None
+    qualifier = paths.qualifier if "qualifier" in kept else None
+    loads = {t: tier_load_config(placement.plan, t, base) for t in kept}
+    return LadderPaths(paths.target, qualifier, draft), loads
