@@ -89,12 +89,11 @@ def planned_ladder(
     from ..planning import sources
     from ..planning.rank import load_plan, rank_ladder
 
+    budget = resolve_budget(vram)
     models = {t: model_memory(p) for t, p in resolved.paths.model_files().items()}
     gpu = sources.gpu_profile() if supports_gpu_offload() else None
     traces = sources.traces_for(resolved.name)
-    ranking = rank_ladder(
-        models, resolve_budget(vram), load, traces, sources.cpu_profile(), gpu, spec=spec
-    )
+    ranking = rank_ladder(models, budget, load, traces, sources.cpu_profile(), gpu, spec=spec)
     best = ranking.best
     layers = ", ".join(f"{t} {best.placement.n_gpu_layers(t)}" for t in best.placement.tiers)
     click.echo(
