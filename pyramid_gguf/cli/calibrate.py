@@ -66,11 +66,13 @@ def calibrate(as_json: bool, **params: Any) -> None:
     with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=False) as pyramid:
         cals = pyramid.calibrate(refresh=True, say=lambda m: click.echo(m, err=True))
         costs = pyramid.costs()
+        weights = {t.name: t.model for t in pyramid.ladder.models}
     evens = chain_break_evens(costs)
     if as_json:
         doc = {
             "ladder": resolved.name,
             "tiers": {name: cal.to_dict() for name, cal in cals.items()},
+            "weights": {name: m.weight_buffers for name, m in weights.items()},
             "break_even_keep_rate": evens,
         }
         click.echo(json.dumps(doc, indent=2))
@@ -81,6 +83,7 @@ def calibrate(as_json: bool, **params: Any) -> None:
         c = cal.curve
         click.echo(f"{name:<10}" + "".join(f"{c(n) * 1000:>8.1f}" for n in SHOWN))
         click.echo(f"{'':<10}" + "".join(f"{c(n) / c.one:>8.2f}" for n in SHOWN))
+        click.echo(f"{'':<10}weights: {weights[name].describe_weights()}")
         if cal.identity_batch is not None:
             click.echo(f"{'':<10}batches up to {cal.identity_batch} are bit-identical here")
     for chain, a in evens.items():
