@@ -72,8 +72,11 @@ class LoadConfig:
     #: Off: one batch per verification, and greedy text may differ from ``target`` only at
     #: floating-point near-ties (docs/ALGORITHMS.md, "What lossless means").
     strict_identity: bool = False
-    #: llama.cpp's extra weight buffers (CPU repacking, AMX). None: on, unless this llama.cpp
-    #: build has the AMX kernels that crash on batched decodes (native/handles.py).
+    #: llama.cpp's extra weight buffer types (CPU_REPACK, AMX). None: llama.cpp's own choice,
+    #: except where it would use the AMX kernels, which crash on batched decodes: there extra
+    #: types are off and the weights the repacking kernels take go to CPU_REPACK by tensor
+    #: overrides (native/buffers.py). True: llama.cpp's own choice, AMX included. False: none,
+    #: every CPU weight in the plain buffer (no repacked kernels).
     extra_buffers: bool | None = None
     #: llama.cpp's op offload: large batches over weights kept on the CPU run on the GPU, the
     #: weights copied through a compute buffer there (for a tier with no GPU layers, about its
@@ -82,6 +85,8 @@ class LoadConfig:
     op_offload: bool = True
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
+    #: Test hook: the AMX placement (extra types off, CPU_REPACK by overrides) on any CPU.
+    force_repack_overrides: bool = False
 
     def __post_init__(self) -> None:
         if self.n_ctx < 16:
@@ -92,6 +97,8 @@ class LoadConfig:
             raise UserError("--threads must be at least 1")
         if self.n_gpu_layers < -1:
             raise UserError(f"--n-gpu-layers must be -1 (all) or >= 0, got {self.n_gpu_layers}")
+        if self.force_repack_overrides and self.extra_buffers is not None:
+            raise UserError("force_repack_overrides places the weights itself: drop extra_buffers")
         for name, value in (("type_k", self.type_k), ("type_v", self.type_v)):
             if value not in KV_TYPES:
                 raise UserError(f"{name} must be one of {', '.join(KV_TYPES)}, got {value!r}")

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pyramid_gguf"
 
 #: Layers, lowest first (docs/ARCHITECTURE.md). A module may import its own layer or lower.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "config", "modes", "ladder", "files", "textstream"),
+    ("errors", "config", "modes", "ladder", "files", "gguf_header", "textstream"),
     ("native",),
     ("models",),
     ("decoding",),

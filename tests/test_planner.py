@@ -21,9 +21,9 @@ from synth import TinySpec, write_tiny_llama
 
 from pyramid_gguf.config import LoadConfig
 from pyramid_gguf.errors import ModelFileError, UserError
+from pyramid_gguf.gguf_header import read_header
 from pyramid_gguf.ladder import LadderPaths
 from pyramid_gguf.models import planner
-from pyramid_gguf.models.gguf_header import read_header
 from pyramid_gguf.models.memory import GiB, MiB, ModelMemory, model_memory, parse_size
 from pyramid_gguf.models.planner import (
     Plan,

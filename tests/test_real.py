@@ -11,7 +11,7 @@ import pytest
 from lossless import REAL_TIE, assert_same_or_near_tie
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.native.handles import use_extra_buffers
+from pyramid_gguf.native.buffers import plan_placement
 
 pytestmark = pytest.mark.real
 
@@ -31,10 +31,12 @@ def test_smollm2_target_decoding_matches_llama_cpp_python(
     """``target`` evaluates as llama.cpp does (the prompt in one batch, the first token from
     its last row, then one token at a time), so greedy text is identical on any CPU."""
     default_params = llama_cpp.llama_model_default_params
+    placement = plan_placement(smollm2_path, LOAD)
+    keep: list[object] = []  # what the overrides point into, alive until the test ends
 
     def params() -> llama_cpp.llama_model_params:  # same weight buffers as our adapter
         p = default_params()
-        p.use_extra_bufts = use_extra_buffers(LOAD)
+        keep.append(placement.apply(p))
         return p
 
     monkeypatch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", params)

@@ -35,11 +35,13 @@ def calibrate(as_json: bool, **params: Any) -> None:
         cals = pyramid.calibrate(refresh=True, say=lambda m: click.echo(m, err=True))
         costs = pyramid.costs()
         chains = ladder_chains(pyramid.ladder.shape, SpecConfig())
+        weights = {t.name: t.model for t in pyramid.ladder.models}
     evens = {c.name: break_even(c, costs) for c in chains if not c.plain}
     if as_json:
         doc = {
             "ladder": resolved.name,
             "tiers": {name: cal.to_dict() for name, cal in cals.items()},
+            "weights": {name: m.weight_buffers for name, m in weights.items()},
             "break_even_keep_rate": evens,
         }
         click.echo(json.dumps(doc, indent=2))
@@ -50,6 +52,7 @@ def calibrate(as_json: bool, **params: Any) -> None:
         c = cal.curve
         click.echo(f"{name:<10}" + "".join(f"{c(n) * 1000:>8.1f}" for n in SHOWN))
         click.echo(f"{'':<10}" + "".join(f"{c(n) / c.one:>8.2f}" for n in SHOWN))
+        click.echo(f"{'':<10}weights: {weights[name].describe_weights()}")
         if cal.identity_batch is not None:
             click.echo(f"{'':<10}batches up to {cal.identity_batch} are bit-identical here")
     for chain, a in evens.items():

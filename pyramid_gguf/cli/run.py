@@ -106,7 +106,8 @@ def run(
         else:
             tokens = pyramid.tokenize(text)
         result = _generate(pyramid, tokens, sampling, spec, stream_text=not as_json)
-        _report(result, pyramid.name, as_json=as_json, verbose=verbose)
+        weights = {t.name: t.model.describe_weights() for t in pyramid.ladder.models}
+        _report(result, pyramid.name, as_json=as_json, verbose=verbose, weights=weights)
         if result.finish_reason == "interrupted":
             raise KeyboardInterrupt  # after the partial answer: exit 130, as on any Ctrl-C
 
@@ -148,8 +149,11 @@ def _generate(
     return out
 
 
-def _report(result: _Result, model: str, *, as_json: bool, verbose: bool) -> None:
-    """The answer as one JSON object, or the stats line (and ``-v`` detail) on stderr."""
+def _report(
+    result: _Result, model: str, *, as_json: bool, verbose: bool, weights: dict[str, str]
+) -> None:
+    """The answer as one JSON object, or the stats line (and ``-v`` detail, with where each
+    tier's weights are) on stderr."""
     stats = result.stats
     if as_json:
         doc = {
@@ -179,5 +183,7 @@ def _report(result: _Result, model: str, *, as_json: bool, verbose: bool) -> Non
             f"  {t.name}: {t.n_evals} evals, {t.n_tokens} tokens, {t.seconds:.3f} s", err=True
         )
     click.echo(f"  scheduler: {stats.scheduler_seconds:.3f} s", err=True)
+    for name, where in weights.items():
+        click.echo(f"  {name} weights: {where}", err=True)
     for line in stats.auto.details() if stats.auto is not None else []:
         click.echo(f"  {line}", err=True)

@@ -2,8 +2,8 @@
 
 :func:`calibrate` returns a :class:`Calibration` from the cache under
 ``$PYRAMID_GGUF_HOME/costs/`` when one matches the model file, the llama.cpp build and the
-load settings (threads, offload, KV types, repacking), else measures one (about a second per
-tier on a CPU) and stores it. ``refresh`` measures again (``pyramid-gguf calibrate``).
+load settings (threads, offload, KV types, the weights' buffer types), else measures one (about
+a second per tier on a CPU) and stores it. ``refresh`` measures again (``pyramid-gguf calibrate``).
 
 - :func:`measure_curve`: best-of-``repeats`` time of one evaluation of ``n`` tokens after a
   short prefix, all ``n`` logits rows read, as a verification reads them.
@@ -120,7 +120,8 @@ def cache_key(model: NativeModel) -> dict[str, Any]:
         "n_batch": cfg.n_batch,
         "flash_attn": cfg.flash_attn,
         "kv": [cfg.type_k, cfg.type_v],
-        "extra_buffers": model.extra_buffers,
+        "placement": model.placement.kind,
+        "weights": model.weight_buffers,
     }
 
 

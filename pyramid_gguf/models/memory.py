@@ -23,7 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..config import KV_TYPES
 from ..errors import ModelFileError, UserError
-from .gguf_header import ArrayInfo, GGUFHeader, read_header
+from ..gguf_header import ArrayInfo, GGUFHeader, read_header
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import llama_cpp
@@ -14,11 +15,16 @@ from ..errors import UserError
 
 _lock = threading.Lock()
 _ready = False
+_captured = threading.local()
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
-    """llama.cpp log sink: silent unless PYRAMID_GGUF_VERBOSE is set."""
+    """llama.cpp log sink: silent unless PYRAMID_GGUF_VERBOSE is set; kept by
+    :func:`captured_log` on the thread that asked."""
+    log = getattr(_captured, "log", None)
+    if log is not None and text:
+        log.append(text)
     if os.environ.get("PYRAMID_GGUF_VERBOSE"):
         print(text.decode("utf-8", errors="replace"), end="", flush=True)
 
@@ -33,12 +39,19 @@ def init_backend() -> None:
             _ready = True
 
 
-def cpu_has_amx() -> bool:
-    """Whether the CPU advertises Intel AMX tiles (``amx_tile`` in /proc/cpuinfo)."""
+@contextmanager
+def captured_log() -> Iterator[list[bytes]]:
+    """The log lines llama.cpp writes from this thread inside the block (a model load logs
+    from the loading thread), in a list filled as they come."""
+    init_backend()
+    llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))  # ours, whoever set one since
+    log: list[bytes] = []
+    outer = getattr(_captured, "log", None)
+    _captured.log = log
     try:
-        return "amx_tile" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+        yield log
+    finally:
+        _captured.log = outer
 
 
 def system_info() -> str:

@@ -17,42 +17,28 @@ from gguf import GGMLQuantizationType
 
 from ..config import KV_TYPES, LoadConfig
 from ..errors import ModelFileError, UserError
-from .backend import cpu_has_amx, init_backend, system_info
+from .backend import captured_log
+from .buffers import parse_buffer_sizes, plan_placement
 
 #: KV cache type names -> ggml type ids (the gguf package's enum mirrors ggml's).
 _GGML_TYPES: dict[str, int] = {name: int(GGMLQuantizationType[name.upper()]) for name in KV_TYPES}
-
-
-def build_has_amx_kernels() -> bool:
-    """Whether this llama.cpp build places weights in an AMX buffer on this CPU.
-
-    With the llama.cpp bundled in llama-cpp-python 0.3.36, any batched ``llama_decode`` over
-    weights in that buffer crashes with SIGSEGV (llama.cpp issue #20824; plain
-    ``llama_cpp.Llama`` too). A build without AMX kernels (README: "CPUs with Intel AMX")
-    keeps the fast repacked CPU kernels and is safe.
-    """
-    return cpu_has_amx() and "AMX_INT8 = 1" in system_info()
-
-
-def use_extra_buffers(cfg: LoadConfig) -> bool:
-    """llama.cpp's extra weight buffers (CPU repacking): on unless the AMX kernels would crash."""
-    if cfg.extra_buffers is not None:
-        return cfg.extra_buffers
-    return not build_has_amx_kernels()
 
 
 class ModelHandle:
     """A loaded ``llama_model`` and what it knows about itself."""
 
     def __init__(self, path: Path, cfg: LoadConfig) -> None:
-        init_backend()
         self.path = path
         self.ptr: Any = None
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
-        self.extra_buffers = use_extra_buffers(cfg)
-        params.use_extra_bufts = self.extra_buffers
-        ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        self.placement = plan_placement(path, cfg)
+        #: What the tensor overrides point into, kept as long as the model.
+        self._overrides = self.placement.apply(params)
+        with captured_log() as log:
+            ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        #: MiB of weights per llama.cpp buffer type, as the load reported them.
+        self.weight_buffers = parse_buffer_sizes(log)
         if not ptr:
             raise ModelFileError(f"llama.cpp could not load {path} (truncated or corrupt GGUF?)")
         self.ptr = ptr

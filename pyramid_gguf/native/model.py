@@ -19,6 +19,7 @@ import numpy as np
 from ..config import LoadConfig
 from ..errors import ContextOverflow
 from ..files import check_gguf_path
+from .buffers import describe_buffers
 from .handles import BatchHandle, ContextHandle, ModelHandle
 from .rollback import SequenceRollback
 from .vocab import Vocab
@@ -49,8 +50,10 @@ class NativeModel:
             self._model.close()
             raise
         self._batch = BatchHandle(self._ctx.n_batch)
-        #: Whether llama.cpp's extra weight buffers (CPU repacking) are in use.
-        self.extra_buffers = self._model.extra_buffers
+        #: How the weights were placed (llama.cpp's extra buffer types, CPU_REPACK overrides).
+        self.placement = self._model.placement
+        #: MiB of weights per llama.cpp buffer type (``CPU_REPACK``, ``CPU_Mapped``, ``AMX``...).
+        self.weight_buffers = self._model.weight_buffers
         self.vocab = Vocab(self._model.vocab_ptr)
         self.n_vocab = self.vocab.n_vocab
         self.n_ctx = self._ctx.n_ctx
@@ -155,3 +158,7 @@ class NativeModel:
     @property
     def n_layer(self) -> int:
         return self._model.n_layer
+
+    def describe_weights(self) -> str:
+        """Where the weights are: ``CPU_REPACK 748.0 MiB, CPU_Mapped 313.5 MiB (extra ...)``."""
+        return f"{describe_buffers(self.weight_buffers)} ({self.placement.describe()})"

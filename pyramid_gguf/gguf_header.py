@@ -18,8 +18,8 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import ModelFileError
-from ..files import check_gguf_path
+from .errors import ModelFileError
+from .files import check_gguf_path
 
 _DEFAULT_ALIGNMENT = 32
 #: Numeric arrays longer than this are summarised by their length only.
