@@ -12,7 +12,7 @@ neighbour slows all alike. Prints, per placement, the median milliseconds of a o
 tokens per second from it, its ratio to ``default``, and whether its logits equal
 ``default``'s at every step (bit for bit) or only its greedy choice.
 
-    python scripts/placement_bench.py [-n 128] [-t 2] [--target PATH]
+    python scripts/lab/placement_bench.py [-n 128] [-t 2] [--target PATH]
 """
 
 from __future__ import annotations
