@@ -14,6 +14,7 @@ import click
 
 from ..config import LoadConfig, SpecConfig
 from ..ladder import LadderPaths
+from ..modes import check_mode
 from ..serving.api import Pyramid
 from .options import LadderArgs
 
@@ -55,8 +56,13 @@ def load_pyramid(
 
     ``calibrate`` (default: when ``spec`` is ``auto`` or ``--strict-identity`` is on) reads or
     measures the tiers' cost curves now, saying so on stderr when it measures, so that no
-    generation pays for it.
+    generation pays for it. A mode that needs a tier the ladder lacks fails before any model
+    is loaded.
     """
+    paths = resolved.paths
+    check_mode(
+        spec.mode, has_draft=paths.draft is not None, has_qualifier=paths.qualifier is not None
+    )
     pyramid = Pyramid.load(
         resolved.paths,
         load=args.load,
