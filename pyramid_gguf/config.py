@@ -104,11 +104,6 @@ def check_threads(n: int, flag: str = "--threads") -> None:
         )
 
 
-def _finite_at_least_zero(value: float, flag: str) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise UserError(f"{flag} must be a finite number >= 0, got {value}")
-
-
 @dataclass(frozen=True)
 class LoadConfig:
     """How one GGUF file is loaded.
@@ -182,7 +177,8 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
-        _finite_at_least_zero(self.temperature, "--temperature")
+        if not math.isfinite(self.temperature):
+            raise UserError(f"--temperature must be a finite number, got {self.temperature}")
         if self.temperature < MIN_TEMPERATURE:
             object.__setattr__(self, "temperature", 0.0)
         if self.seed == -1:
@@ -252,8 +248,9 @@ class SpecConfig:
             raise UserError(f"--l-d must be at least 1, got {self.l_d}")
         if self.l_q < 1:
             raise UserError(f"--l-q must be at least 1, got {self.l_q}")
-        _finite_at_least_zero(self.tau_q, "--tau-q")
-        _finite_at_least_zero(self.tau_t, "--tau-t")
+        for flag, tau in (("--tau-q", self.tau_q), ("--tau-t", self.tau_t)):
+            if not math.isfinite(tau):  # negative is fine: the fuzzy rule then accepts nothing
+                raise UserError(f"{flag} must be a finite number, got {tau}")
         if not 0 <= self.p_min < 1:
             raise UserError(f"--p-min must be in [0, 1), got {self.p_min}")
         if self.ngram_min < 2:

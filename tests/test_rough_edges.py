@@ -102,7 +102,7 @@ def test_tiny_temperature_is_greedy(tiny_target: Path) -> None:
     code, greedy, err = invoke(*base, "--temp", "0")
     assert code == 0 and tiny == greedy, err
     code, _, err = invoke(*base, "--temp", "inf")
-    one_error_line(code, err, "--temperature must be a finite number >= 0")
+    one_error_line(code, err, "--temperature must be a finite number, got inf")
 
 
 # --- 4. thread counts the machine cannot run ----------------------------------------------------
@@ -181,6 +181,19 @@ def test_run_and_calibrate_measure_without_caching(tiny_target: Path, home_is_a_
     assert "not cached" in err
 
 
+def test_tune_fails_before_measuring(
+    tiny_target: Path, home_is_a_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyramid_gguf.cli import tune
+
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured for a result it cannot save")
+
+    monkeypatch.setattr(tune, "load_pyramid", no_loading)
+    code, _, err = invoke("tune", "--target", str(tiny_target), "-t", "1")
+    one_error_line(code, err, f"cannot write the tuned config to {home_is_a_file}/tuned")
+
+
 def test_pull_fails_at_once(
     tmp_path: Path, home_is_a_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -239,11 +252,11 @@ def test_unknown_command_is_one_line(args: list[str], fragment: str) -> None:
 @pytest.mark.parametrize(("flag", "value"), [("--tau-q", "nan"), ("--tau-t", "inf")])
 def test_non_finite_thresholds_are_refused(tiny_target: Path, flag: str, value: str) -> None:
     code, _, err = invoke("run", "--target", str(tiny_target), "-p", "x", *FAST, flag, value)
-    one_error_line(code, err, f"{flag} must be a finite number >= 0")
+    one_error_line(code, err, f"{flag} must be a finite number, got {value}")
     with pytest.raises(UserError):
         SpecConfig(tau_q=math.nan)
     with pytest.raises(UserError):
-        SpecConfig(tau_t=-0.1)
+        SpecConfig(tau_t=-math.inf)
 
 
 # --- 14. serve: the address is checked before anything loads ------------------------------------
@@ -348,6 +361,28 @@ def test_chat_turn_that_outgrows_the_context_is_refused_and_the_chat_goes_on(
     assert code == 0, err
     assert "Error: " in err and "does not fit the context" in err
     assert out.count(">>> ") == 3 and len(out.split(">>> ")[2].strip()) > 0
+
+
+def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(
+    tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyramid_gguf.serving.api import Pyramid
+
+    monkeypatch.setattr(run_module, "stdin_is_terminal", lambda: True)
+    real_stream = Pyramid.stream
+    calls = []
+
+    def first_interrupted(self: Pyramid, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        for i, step in enumerate(real_stream(self, *args, **kwargs)):
+            if len(calls) == 1 and i == 3:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(Pyramid, "stream", first_interrupted)
+    code, out, err = invoke("run", "--target", str(tiny_target), *FAST, input="the model\nhi\n")
+    assert code == 0, err
+    assert len(calls) == 2 and out.count(">>> ") == 3
 
 
 # --- pull progress -------------------------------------------------------------------------------

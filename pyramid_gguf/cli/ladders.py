@@ -64,11 +64,11 @@ def load_pyramid(
         spec.mode, has_draft=paths.draft is not None, has_qualifier=paths.qualifier is not None
     )
     pyramid = Pyramid.load(
-        resolved.paths,
+        paths,
         load=args.load,
         spec=spec,
         name=resolved.name,
-        tier_loads=_planned_loads(args.vram, args.load, resolved.paths),
+        tier_loads=_planned_loads(args.vram, args.load, paths),
         share_ngrams=share_ngrams,
     )
     if calibrate or (calibrate is None and (spec.info.auto or args.load.strict_identity)):

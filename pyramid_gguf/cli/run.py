@@ -5,9 +5,9 @@ one JSON object to stdout instead of streaming. Ctrl-C keeps what was generated 
 says ``"finish_reason": "interrupted"``) and exits 130.
 
 With no prompt and a terminal on stdin, ``run`` is an interactive chat (as ``ollama run`` and
-``llama-cli -cnv``): each turn goes through the target's chat template with the whole
-conversation, whose prefix the target's KV cache still holds, so only the new turn is
-evaluated. ``/bye`` or Ctrl-D leaves; Ctrl-C stops an answer.
+``llama-cli -cnv``): each turn sends the whole conversation through the target's chat
+template, and the target's KV cache, which still holds the conversation so far, spares
+evaluating it again. ``/bye`` or Ctrl-D leaves; Ctrl-C stops an answer.
 """
 
 from __future__ import annotations
@@ -155,9 +155,10 @@ def chat_session(
 ) -> None:
     """The interactive chat: read a message, answer it through the chat template, repeat.
 
-    The whole conversation is templated again each turn; the target's KV cache still holds
-    its prefix, so only the new turn is evaluated. A turn that no longer fits the context is
-    refused (and forgotten) without ending the chat.
+    The whole conversation is templated again each turn; the prefix that the target's KV cache
+    still holds (everything before the new message, where the answers' tokens are how their
+    text tokenizes) is not evaluated again. A turn that no longer fits the context is refused
+    (and forgotten) without ending the chat.
     """
     if pyramid.chat_template is None:
         raise UserError(
