@@ -10,7 +10,9 @@ or the Python API) and passed down unchanged:
 
 from __future__ import annotations
 
+import math
 import os
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -45,9 +47,61 @@ def cache_home() -> Path:
     return Path(os.environ.get("PYRAMID_GGUF_HOME") or "~/.cache/pyramid-gguf").expanduser()
 
 
+def unwritable(directory: Path) -> str | None:
+    """Why no file can be written in ``directory`` (created if missing), or None when one can.
+
+    Tried, not inferred from permission bits: a read-only file system, a file in the way or a
+    directory of another user all fail here, before anything slow is done for nothing.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def require_writable(directory: Path, what: str) -> None:
+    """A :class:`UserError` unless files can be written in ``directory`` (``what`` is for)."""
+    problem = unwritable(directory)
+    if problem is not None:
+        raise UserError(
+            f"cannot write {what} to {directory}: {problem} "
+            "(set PYRAMID_GGUF_HOME to a writable directory)"
+        )
+
+
 def default_threads() -> int:
     """All cores: llama-cpp-python's own default (`cpu_count // 2`) leaves half the CPU idle."""
     return max(1, os.cpu_count() or 1)
+
+
+#: ggml's thread pool holds at most this many threads (GGML_MAX_N_THREADS); more crash it.
+GGML_MAX_THREADS = 512
+#: Smallest context llama.cpp creates: it pads ``n_ctx`` up to a multiple of 256 cells.
+MIN_CTX = 256
+#: Temperatures below this count as 0 (greedy): dividing logits by them overflows to NaN, and
+#: short of that they sample the argmax anyway unless two logits lie within about 1e-5.
+MIN_TEMPERATURE = 1e-6
+
+
+def max_threads() -> int:
+    """Most threads a command accepts: four per core (ggml's cap at most). Past the core count
+    llama.cpp's threads spin waiting for each other (5000 threads on 2 cores ran at 0.1
+    tokens/s), and past ggml's cap its thread pool crashes."""
+    return min(GGML_MAX_THREADS, 4 * default_threads())
+
+
+def check_threads(n: int, flag: str = "--threads") -> None:
+    """A :class:`UserError` unless ``1 <= n <=`` :func:`max_threads`."""
+    if n < 1:
+        raise UserError(f"{flag} must be at least 1")
+    if n > max_threads():
+        raise UserError(
+            f"{flag} {n} is more than this machine can use: it has {default_threads()} cores, "
+            f"so at most {max_threads()} threads (llama.cpp slows down past the core count)"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,12 +143,15 @@ class LoadConfig:
     force_repack_overrides: bool = False
 
     def __post_init__(self) -> None:
-        if self.n_ctx < 16:
-            raise UserError(f"--ctx-size must be at least 16, got {self.n_ctx}")
+        if self.n_ctx < MIN_CTX:
+            raise UserError(
+                f"--ctx-size must be at least {MIN_CTX} (llama.cpp's smallest context; it "
+                f"rounds up to a multiple of {MIN_CTX}), got {self.n_ctx}"
+            )
         if self.n_batch < 1:
             raise UserError(f"--batch-size must be positive, got {self.n_batch}")
-        if self.n_threads < 1 or self.n_threads_batch < 1:
-            raise UserError("--threads must be at least 1")
+        for n in (self.n_threads, self.n_threads_batch):
+            check_threads(n)
         if self.n_gpu_layers < -1:
             raise UserError(f"--n-gpu-layers must be -1 (all) or >= 0, got {self.n_gpu_layers}")
         if self.force_repack_overrides and self.extra_buffers is not None:
@@ -111,6 +168,8 @@ class SamplingConfig:
     The warp is temperature, then top-k, then top-p, then min-p (llama.cpp's order and
     defaults). ``temperature == 0`` is greedy: one-hot on the argmax, lowest id on ties.
     ``top_k <= 0`` disables top-k; ``top_p >= 1`` and ``min_p <= 0`` disable theirs.
+    Temperatures below :data:`MIN_TEMPERATURE` are stored as 0. ``seed``: None or -1 (llama.cpp's
+    convention) draws a random seed; -1 is stored as None.
     """
 
     temperature: float = 0.8
@@ -125,6 +184,14 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature):
+            raise UserError(f"--temperature must be a finite number, got {self.temperature}")
+        if self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
+        if self.seed == -1:
+            object.__setattr__(self, "seed", None)
+        elif self.seed is not None and self.seed < 0:
+            raise UserError(f"--seed must be >= 0, or -1 for a random seed, got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
@@ -188,6 +255,9 @@ class SpecConfig:
             raise UserError(f"--l-d must be at least 1, got {self.l_d}")
         if self.l_q < 1:
             raise UserError(f"--l-q must be at least 1, got {self.l_q}")
+        for flag, tau in (("--tau-q", self.tau_q), ("--tau-t", self.tau_t)):
+            if not math.isfinite(tau):  # negative is fine: the fuzzy rule then accepts nothing
+                raise UserError(f"{flag} must be a finite number, got {tau}")
         if not 0 <= self.p_min < 1:
             raise UserError(f"--p-min must be in [0, 1), got {self.p_min}")
         if self.ngram_min < 2:

@@ -24,7 +24,7 @@ from pyramid_gguf.models.derive import (
 )
 from pyramid_gguf.native import NativeModel
 
-CFG = LoadConfig(n_ctx=128, n_batch=128, n_threads=2, n_threads_batch=2)
+CFG = LoadConfig(n_ctx=256, n_batch=128, n_threads=2, n_threads_batch=2)
 
 
 def logits(path: Path, text: str = "the model of the tree") -> tuple[np.ndarray, NativeModel]:

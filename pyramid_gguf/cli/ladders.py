@@ -55,8 +55,10 @@ def load_pyramid(
 
     ``calibrate`` (default: when ``spec`` is ``auto`` or ``--strict-identity`` is on) reads or
     measures the tiers' cost curves now, saying so on stderr when it measures, so that no
-    generation pays for it.
+    generation pays for it. A mode that needs a tier the ladder lacks fails before any model
+    is loaded.
     """
+    resolved.paths.shape.check(spec.mode)  # before planning or loading anything
     paths, tier_loads = resolved.paths, None
     if args.vram is not None:
         paths, tier_loads = planned_ladder(args.vram, args.load, resolved, spec)

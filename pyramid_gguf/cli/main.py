@@ -2,26 +2,16 @@
 
 Every command is a :class:`~.options.PyramidCommand`: a
 :class:`~pyramid_gguf.errors.UserError` becomes one line on stderr (``Error: ...``) and exit
-status 1, never a traceback. The group turns Ctrl-C into a quiet exit 130.
+status 1, never a traceback. The groups do the same for a malformed command line (an unknown
+command, with the closest one suggested, or an unknown option), and turn Ctrl-C into a quiet
+exit 130, also while llama.cpp is loading a model (:mod:`.interrupts`).
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Any
-
 import click
 
-
-class PyramidGroup(click.Group):
-    """A click group that exits quietly (130) on Ctrl-C."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+from .group import PyramidGroup
 
 
 @click.group(cls=PyramidGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,12 +6,13 @@ import json
 
 import click
 
-from ..config import default_threads
+from ..config import check_threads, default_threads
 from ..errors import UserError
+from .group import PyramidGroup
 from .options import PyramidCommand, command
 
 
-@click.group()
+@click.group(cls=PyramidGroup)
 def models() -> None:
     """Model ladder presets (models.toml)."""
 
@@ -87,8 +88,8 @@ def derive(
 
     if sum(x is not None for x in (keep_layers, skip_every, qtype)) != 1:
         raise UserError("give exactly one of --keep-layers, --skip-every or --quantize")
-    if threads is not None and threads < 1:
-        raise UserError(f"--threads must be at least 1, got {threads}")
+    if threads is not None:
+        check_threads(threads)
     if qtype is not None:
         path = d.requantize(src, out, qtype, threads=threads or default_threads())
     else:

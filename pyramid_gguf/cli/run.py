@@ -1,12 +1,18 @@
-"""``pyramid-gguf run``: answer one prompt with a ladder, streaming text to stdout.
+"""``pyramid-gguf run``: answer one prompt with a ladder, streaming text to stdout, or chat.
 
 Statistics go to stderr (one line, plus per-stage detail with ``--verbose``); ``--json`` prints
 one JSON object to stdout instead of streaming. Ctrl-C keeps what was generated (its JSON object
 says ``"finish_reason": "interrupted"``) and exits 130.
+
+With no prompt and a terminal on stdin, ``run`` is an interactive chat (as ``ollama run`` and
+``llama-cli -cnv``): each turn sends the whole conversation through the target's chat
+template, and the target's KV cache, which still holds the conversation so far, spares
+evaluating it again. ``/bye`` or Ctrl-D leaves; Ctrl-C stops an answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -19,6 +25,7 @@ from ..api import Pyramid
 from ..config import SamplingConfig, SpecConfig
 from ..decoding.stats import GenerationStats
 from ..errors import UserError
+from ..native.vocab import encode_utf8
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,
@@ -30,23 +37,42 @@ from .options import (
     spec_options,
 )
 
+CHAT_HELP = (
+    "/bye (or Ctrl-D) leaves, /clear forgets the conversation, /help shows this; "
+    'a message between """ lines may span lines; Ctrl-C stops an answer'
+)
 
-def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
-    """The prompt from ``-p``, ``--file`` or piped stdin (exactly one)."""
+
+def stdin_is_terminal() -> bool:
+    """Whether stdin is a terminal (then ``run`` without a prompt opens a chat)."""
+    return sys.stdin.isatty()
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    """The prompt from ``-p``, ``--file`` or piped stdin (exactly one), checked to be UTF-8.
+
+    None when none is given and stdin is a terminal: the interactive chat.
+    """
     given = [p for p in (prompt, prompt_file) if p is not None]
     if len(given) > 1:
         raise UserError("give the prompt once: -p/--prompt or -f/--file, not both")
     if prompt is not None:
+        encode_utf8(prompt, "the prompt (-p)")
         return prompt
     if prompt_file is not None:
         try:
             return prompt_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"cannot read prompt file {prompt_file}: {e}") from None
-    if not sys.stdin.isatty():
+    if stdin_is_terminal():
+        return None
+    try:
         text = sys.stdin.read()
-        if text:
-            return text
+    except UnicodeDecodeError as e:
+        raise UserError(f"the prompt on stdin is not valid UTF-8: {e.reason}") from None
+    if text:
+        encode_utf8(text, "the prompt on stdin")
+        return text
     raise UserError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
 
 
@@ -92,10 +118,18 @@ def run(
     sampling = sampling_config_from(params)
     if system is not None and chat is False:
         raise UserError("--system needs the chat template; drop --raw")
+    if system is not None:
+        encode_utf8(system, "--system")
+    if text is None and (as_json or chat is False):
+        flag = "--json" if as_json else "--raw"
+        raise UserError(f"{flag} needs a prompt: use -p TEXT, -f FILE, or pipe text on stdin")
     args = LadderArgs.from_params(params)
     resolved = resolve_ladder(args)
     spec = spec_config_from(params, resolved.spec)
     with load_pyramid(args, resolved, spec) as pyramid:
+        if text is None:
+            chat_session(pyramid, sampling, spec, system=system, verbose=verbose)
+            return
         if chat is None:
             chat = system is not None or pyramid.chat_template is not None
         if chat:
@@ -110,6 +144,82 @@ def run(
         _report(result, pyramid.name, as_json=as_json, verbose=verbose, weights=weights)
         if result.finish_reason == "interrupted":
             raise KeyboardInterrupt  # after the partial answer: exit 130, as on any Ctrl-C
+
+
+def chat_session(
+    pyramid: Pyramid,
+    sampling: SamplingConfig,
+    spec: SpecConfig,
+    *,
+    system: str | None,
+    verbose: bool,
+) -> None:
+    """The interactive chat: read a message, answer it through the chat template, repeat.
+
+    The whole conversation is templated again each turn; the prefix that the target's KV cache
+    still holds (everything before the new message, where the answers' tokens are how their
+    text tokenizes) is not evaluated again. A turn that no longer fits the context is refused
+    (and forgotten) without ending the chat.
+    """
+    if pyramid.chat_template is None:
+        raise UserError(
+            f"{pyramid.ladder.target.model.path.name} has no chat template, so there is no "
+            "interactive chat; give a prompt with -p TEXT, -f FILE or on stdin"
+        )
+    with contextlib.suppress(ImportError):  # not on every platform
+        import readline  # noqa: F401  (line editing and history for input())
+    start = [{"role": "system", "content": system}] if system is not None else []
+    messages: list[dict[str, Any]] = list(start)
+    click.echo(f"chatting with {pyramid.name} (mode {spec.mode}): {CHAT_HELP}", err=True)
+    while True:
+        try:
+            text = _read_message()
+        except EOFError:  # Ctrl-D
+            click.echo("")
+            return
+        command = text.strip()
+        if not command:
+            continue
+        if command in ("/bye", "/exit", "/quit"):
+            return
+        if command == "/clear":
+            messages = list(start)
+            click.echo("(conversation cleared)", err=True)
+            continue
+        if command in ("/help", "/?"):
+            click.echo(CHAT_HELP, err=True)
+            continue
+        if command.startswith("/") and " " not in command:
+            click.echo(f"unknown command {command}; /help lists them", err=True)
+            continue
+        try:
+            encode_utf8(text, "the message")
+            tokens = pyramid.chat_tokens([*messages, {"role": "user", "content": text}])
+            result = _generate(pyramid, tokens, sampling, spec, stream_text=True)
+        except UserError as e:  # the conversation outgrew the context, ...
+            click.echo(f"Error: {e}", err=True)
+            continue
+        click.echo("")
+        messages += [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": result.text},
+        ]
+        if verbose and result.stats is not None:
+            _print_stats(result.stats, verbose=True)
+
+
+def _read_message() -> str:
+    """One message from the terminal: a line, or the lines between triple quotes."""
+    line = input(">>> ")
+    if not line.lstrip().startswith('"""'):
+        return line
+    rest = line.lstrip()[3:]
+    lines = []
+    while not rest.rstrip().endswith('"""'):
+        lines.append(rest)
+        rest = input("... ")
+    lines.append(rest.rstrip()[:-3])
+    return "\n".join(lines).strip("\n")
 
 
 @dataclass
@@ -167,8 +277,15 @@ def _report(
         return
     click.echo("")
     sys.stdout.flush()
-    if stats is None:
-        return
+    if stats is not None:
+        _print_stats(stats, verbose=verbose, weights=weights)
+
+
+def _print_stats(
+    stats: GenerationStats, *, verbose: bool, weights: dict[str, str] | None = None
+) -> None:
+    """The stats line on stderr, and with ``verbose`` per-stage, per-tier and ``auto`` detail
+    (and where each tier's ``weights`` are)."""
     click.echo(stats.summary(), err=True)
     if not verbose:
         return
@@ -183,7 +300,7 @@ def _report(
             f"  {t.name}: {t.n_evals} evals, {t.n_tokens} tokens, {t.seconds:.3f} s", err=True
         )
     click.echo(f"  scheduler: {stats.scheduler_seconds:.3f} s", err=True)
-    for name, where in weights.items():
+    for name, where in (weights or {}).items():
         click.echo(f"  {name} weights: {where}", err=True)
     for line in stats.auto.details() if stats.auto is not None else []:
         click.echo(f"  {line}", err=True)

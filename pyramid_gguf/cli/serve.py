@@ -1,11 +1,21 @@
-"""``pyramid-gguf serve``: the OpenAI-compatible server (:mod:`pyramid_gguf.server`) on uvicorn."""
+"""``pyramid-gguf serve``: the OpenAI-compatible server (:mod:`pyramid_gguf.serving.app`) on
+uvicorn.
+
+The address is bound before any model is loaded, so a port in use or an unknown host fails at
+once with one ``Error:`` line; uvicorn then serves on that socket.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from typing import Any
 
 import click
 
+from ..api import Pyramid
+from ..errors import UserError
+from ..serving.settings import ServerSettings, resolve_chat_format
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options, spec_config_from, spec_options
 
@@ -16,7 +26,13 @@ __all__ = ["serve"]
 @ladder_options
 @spec_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Port to listen on (0: any free port).",
+)
 @click.option(
     "--api-key",
     envvar="PYRAMID_GGUF_API_KEY",
@@ -55,13 +71,14 @@ def serve(**params: Any) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health.
 
     One engine answers requests one at a time from a bounded queue; responses carry usage and
-    llama-server style timings with per-stage draft statistics.
+    llama-server style timings with per-stage draft statistics. Ctrl-C cancels the requests in
+    flight (they get a 503) and stops.
+
+    Greedy answers may change once the server has answered similar requests: the prompt cache
+    and the shared n-gram pool change how a prompt is evaluated and which blocks are verified,
+    which moves floating-point near-ties (as llama-server's prompt cache does).
+    --strict-identity makes greedy output match plain target decoding exactly.
     """
-    import uvicorn
-
-    from ..serving.app import create_app
-    from ..serving.settings import ServerSettings, resolve_chat_format
-
     settings = ServerSettings(
         api_key=params["api_key"],
         queue_size=params["queue_size"],
@@ -69,22 +86,62 @@ def serve(**params: Any) -> None:
         chat_template=resolve_chat_format(params["chat_format"]),
     )
     args = LadderArgs.from_params(params)
-    resolved = resolve_ladder(args)
-    spec = spec_config_from(params, resolved.spec)
-    pyramid = load_pyramid(args, resolved, spec, share_ngrams=True)
+    sockets = listen(params["host"], params["port"])
     try:
-        app = create_app(pyramid, settings)
-        click.echo(
-            f"serving {settings.model_name or pyramid.name} (mode {pyramid.spec.mode}) "
-            f"on http://{params['host']}:{params['port']}/v1",
-            err=True,
-        )
-        uvicorn.run(
-            app,
-            host=params["host"],
-            port=params["port"],
-            log_level=params["log_level"],
-            timeout_graceful_shutdown=5,
-        )
+        resolved = resolve_ladder(args)
+        spec = spec_config_from(params, resolved.spec)
+        with load_pyramid(args, resolved, spec, share_ngrams=True) as pyramid:
+            _serve(pyramid, settings, sockets, params)
     finally:
-        pyramid.close()
+        for sock in sockets:
+            sock.close()
+
+
+def _serve(
+    pyramid: Pyramid, settings: ServerSettings, sockets: list[socket.socket], params: dict[str, Any]
+) -> None:
+    import uvicorn
+
+    from ..serving.app import Server, create_app
+
+    app = create_app(pyramid, settings)
+    host, port = params["host"], sockets[0].getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(
+        f"serving {settings.model_name or pyramid.name} (mode {pyramid.spec.mode}) "
+        f"on http://{shown}:{port}/v1",
+        err=True,
+    )
+    config = uvicorn.Config(app, log_level=params["log_level"], timeout_graceful_shutdown=5)
+    server = Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # the Ctrl-C that stopped it: exit 0
+        server.run(sockets=sockets)
+    if not server.started:
+        raise UserError("the server did not start (see uvicorn's log above)")
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address ``host`` resolves to (as asyncio's servers bind them),
+    or a one-line :class:`UserError` (unknown host, port in use, no permission)."""
+    where = f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (socket.gaierror, UnicodeError) as e:
+        raise UserError(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((addr[0], port, *addr[2:]))
+            port = sock.getsockname()[1]  # port 0: the free port found, for every address
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        raise UserError(f"cannot listen on {where}: {e.strerror or e}") from None
+    return sockets

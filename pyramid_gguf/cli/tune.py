@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ..config import require_writable
 from ..errors import UserError
 from .bench import bench_sampling_options, limit_per_set, prompt_options, prompts_from
 from .ladders import load_pyramid, resolve_ladder
@@ -57,6 +58,7 @@ def tune(**params: Any) -> None:
     Result: $PYRAMID_GGUF_HOME/tuned/<ladder-key>.json.
     """
     from ..bench.tune import tune as run_tune
+    from ..bench.tune import tuned_dir
 
     if params["max_quality_drop"] < 0 or params["max_quality_drop"] > 1:
         raise UserError("--max-quality-drop must be in [0, 1]")
@@ -69,6 +71,8 @@ def tune(**params: Any) -> None:
     if params["limit"] is None and not params["prompt_file"]:
         prompts = limit_per_set(prompts, 1)
     args = LadderArgs.from_params(params)
+    if not params["dry_run"]:  # before minutes of measuring, not after
+        require_writable(tuned_dir(), "the tuned config")
     resolved = resolve_ladder(args)
     base = resolved.spec.with_(mode="target")
     with load_pyramid(args, resolved, base, calibrate=True) as pyramid:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import cache_home
+from ..config import cache_home, unwritable
 from ..native import NativeModel, build_id
 from .costs import CostCurve
 from .tiers import ModelTier
@@ -142,10 +142,14 @@ def _read(path: Path, key: dict[str, Any]) -> Calibration | None:
 
 
 def _write(path: Path, key: dict[str, Any], cal: Calibration) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Cache ``cal``; a cache that cannot be written only costs a measurement next time."""
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, **cal.to_dict()}, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"key": key, **cal.to_dict()}, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def calibrate(
@@ -158,7 +162,8 @@ def calibrate(
     """``tier``'s cached calibration, or a new one (``probe``: include the identity probe).
 
     Measuring empties the tier's KV cache (the next prompt is evaluated afresh). ``say``
-    hears one line before anything is measured.
+    hears one line before anything is measured, saying whether the result can be cached (a
+    ``$PYRAMID_GGUF_HOME`` that cannot be written only costs measuring again next time).
     """
     model = tier.model
     key = cache_key(model)
@@ -166,10 +171,13 @@ def calibrate(
     cached = None if refresh else _read(path, key)
     if cached is not None and (cached.identity_batch is not None or not probe):
         return cached
+    problem = unwritable(path.parent)
     if say is not None:
-        say(f"measuring batch costs of {model.path.name} on this machine (cached afterwards)")
+        where = "cached afterwards" if problem is None else f"not cached: {path.parent}: {problem}"
+        say(f"measuring batch costs of {model.path.name} on this machine ({where})")
     curve = cached.curve if cached is not None else measure_curve(model)
     batch = probe_identity(model) if probe else None
     cal = Calibration(curve, batch, measured=True)
-    _write(path, key, cal)
+    if problem is None:
+        _write(path, key, cal)
     return cal

@@ -133,6 +133,14 @@ def _copy(
     writer.close()
 
 
+def _output_for(src: Path, out: str | os.PathLike[str]) -> Path:
+    """``out`` as a path, refused when it names the input (the rename would replace it)."""
+    out_p = Path(out)
+    if out_p.resolve() == src.resolve() or (out_p.exists() and os.path.samefile(out_p, src)):
+        raise UserError(f"the output {out_p} is the input model; give -o another path")
+    return out_p
+
+
 def _tmp_for(out: Path) -> Path:
     return out.with_name(f".{out.name}.{os.getpid()}.tmp")
 
@@ -151,7 +159,7 @@ def keep_layers(
     (drop every n-th layer). Tensor types and bytes are unchanged; the vocabulary is too.
     """
     src_p = check_gguf_path(src)
-    out_p = Path(out)
+    out_p = _output_for(src_p, out)
     if sum(x is not None for x in (layers, layer_spec, every)) != 1:
         raise UserError("give exactly one of --keep-layers or --skip-every")
     print(f"reading {src_p.name} ...", file=sys.stderr)
@@ -180,7 +188,7 @@ def requantize(
     from ..native import ftype_names, quantize  # lazy: only requantizing needs llama.cpp
 
     src_p = check_gguf_path(src)
-    out_p = Path(out)
+    out_p = _output_for(src_p, out)
     names = ftype_names()
     key = qtype.upper()
     if key not in names:
@@ -202,10 +210,12 @@ def requantize(
 
 def _atomic(out: Path, build: Any) -> None:
     """Run ``build(tmp)`` then rename ``tmp`` to ``out``; remove ``tmp`` on any failure."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_for(out)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         build(tmp)
         os.replace(tmp, out)
+    except OSError as e:
+        raise UserError(f"cannot write {out}: {e.strerror or e}") from None
     finally:
         tmp.unlink(missing_ok=True)

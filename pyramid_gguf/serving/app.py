@@ -4,25 +4,27 @@
 ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed as
 server-sent events when ``stream`` is true). Bodies come from :mod:`.openai`, requests are
 parsed by :mod:`.schemas`, generations run through the bounded queue of :mod:`.jobs`, and every
-error is answered in OpenAI's shape (:mod:`.http_errors`).
+error is answered in OpenAI's shape (:mod:`.http_errors`). :class:`Server` runs it on uvicorn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 
 from ..api import Prompt, Pyramid, Response
-from .http_errors import ApiKeyMiddleware, error_of, install_error_handlers
-from .jobs import ClientGone, Job, JobQueue, Work
+from .http_errors import ApiError, ApiKeyMiddleware, error_of, install_error_handlers
+from .jobs import ClientGone, Job, JobQueue, Work, shutting_down
 from .openai import ResponseShape
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .settings import ServerSettings
@@ -102,13 +104,15 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
     ) -> HTTPResponse:
         job = queue.submit(work)
         try:
-            first = await job.next_watching(request)
+            async with job.watching(request):
+                first = await job.next()
         except ClientGone:
             return HTTPResponse(status_code=499)
         except BaseException:
             job.cancel.set()
             raise
-        assert first is not None
+        if first is None:  # cancelled before it started, and not by its client
+            raise shutting_down()
         if body.stream:
             return StreamingResponse(
                 _events(job, first, shape),
@@ -121,6 +125,8 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
     async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
         sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
         prompt: Prompt = body.prompt  # type: ignore[assignment]
+        if not isinstance(prompt, str):
+            _check_token_ids(prompt, pyramid.ladder.target.n_vocab)
 
         def work(cancel: threading.Event) -> Iterator[Response]:
             return pyramid.stream(prompt, sampling, spec, cancel=cancel)
@@ -143,20 +149,47 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
     return app
 
 
+def _check_token_ids(prompt: Sequence[int], n_vocab: int) -> None:
+    """A 400 naming the first prompt token id outside the target's vocabulary."""
+    bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ApiError(
+            400,
+            f"prompt: token id {bad} is not in the model's vocabulary (0 to {n_vocab - 1})",
+            param="prompt",
+        )
+
+
 async def _collect(
     request: Request, job: Job, first: Response, shape: ResponseShape
 ) -> HTTPResponse:
-    """Join a whole generation into one JSON body (cancelled if the client leaves)."""
+    """Join a whole generation into one JSON body; a client that leaves cancels it at once."""
     texts: list[str] = []
     step: Response | None = first
     last = first
     try:
-        while step is not None:
-            texts.append(step.text)
-            last = step
-            step = await job.next_watching(request)
+        async with job.watching(request):
+            while step is not None:
+                texts.append(step.text)
+                last = step
+                step = await job.next()
     except ClientGone:
         return HTTPResponse(status_code=499)
     finally:
         job.cancel.set()
     return JSONResponse(shape.full("".join(texts), last.finish_reason, last.stats))
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server for an app of :func:`create_app`.
+
+    When it stops (Ctrl-C, SIGTERM) it first cancels every admitted generation, which is
+    answered with a 503 in OpenAI's shape (an error event on a stream), then waits for the
+    connections as uvicorn does: nobody waits for generations that nobody will read.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        queue = getattr(getattr(self.config.app, "state", None), "queue", None)
+        if isinstance(queue, JobQueue):
+            queue.shutdown()
+        await super().shutdown(sockets)

@@ -2,29 +2,40 @@
 
 Every request takes a slot (``queue_size`` admitted at once, the running one included; a full
 queue answers 503 with ``Retry-After``) and runs on a single worker thread, so the event loop
-stays free. A client that disconnects cancels its generation; the next request is unaffected.
+stays free. A client that disconnects cancels its generation at once (the worker stops at its
+next token); the next request is unaffected. When the server shuts down, every admitted
+request is cancelled the same way and answered with a 503 in OpenAI's shape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
 
 from fastapi import Request
 
 from ..api import Response
 from .http_errors import ApiError
 
-#: Seconds between disconnect checks while a request waits for the engine.
-POLL_SECONDS = 0.1
 #: ``Retry-After`` (seconds) of a 503 answered when the queue is full.
 RETRY_AFTER_SECONDS = 1
 
 _END = object()
 
 Work = Callable[[threading.Event], Iterator[Response]]
+
+
+def shutting_down() -> ApiError:
+    """The answer to a request that the server's shutdown cancelled or turned away."""
+    return ApiError(
+        503,
+        "the server is shutting down; the request was cancelled",
+        type="server_error",
+        code="server_shutting_down",
+    )
 
 
 class Job:
@@ -58,8 +69,15 @@ class Job:
         except RuntimeError:  # the event loop is gone: nobody is listening
             self.cancel.set()
 
+    def abort(self, error: Exception) -> None:
+        """Event loop: cancel the generation and make the reader's next :meth:`next` raise
+        ``error``, whatever the worker still posts."""
+        self.cancel.set()
+        self._items.put_nowait(error)
+
     async def next(self) -> Response | None:
-        """The next step, None at the end; re-raises an error of the generation."""
+        """The next step, None at the end; re-raises an error of the generation (or the one
+        given to :meth:`abort`)."""
         item = await self._items.get()
         if item is _END:
             return None
@@ -68,15 +86,23 @@ class Job:
         assert isinstance(item, Response)
         return item
 
-    async def next_watching(self, request: Request) -> Response | None:
-        """:meth:`next`, cancelling the job (and raising ClientGone) if the client leaves."""
-        while True:
-            try:
-                return await asyncio.wait_for(self.next(), POLL_SECONDS)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.cancel.set()
-                    raise ClientGone() from None
+    @asynccontextmanager
+    async def watching(self, request: Request) -> AsyncIterator[None]:
+        """While the block runs, a client that disconnects aborts the job with
+        :class:`ClientGone` at once (the worker stops at its next token)."""
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            self.abort(ClientGone())
+
+        watcher = asyncio.create_task(watch())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with suppress(asyncio.CancelledError):
+                await watcher
 
 
 class ClientGone(Exception):
@@ -91,13 +117,17 @@ class JobQueue:
         self.in_flight = 0
         self.completed = 0
         self.cancelled = 0
+        #: Set by :meth:`shutdown`: new requests are refused.
+        self.closing = False
         self._lock = threading.Lock()
         self._jobs: set[Job] = set()
         self._executor: ThreadPoolExecutor | None = None
 
     def submit(self, work: Work) -> Job:
-        """Queue ``work``; 503 :class:`ApiError` when the queue is full."""
+        """Queue ``work``; 503 :class:`ApiError` when the queue is full or shutting down."""
         with self._lock:
+            if self.closing:
+                raise shutting_down()
             if self.in_flight >= self.queue_size:
                 raise ApiError(
                     503,
@@ -126,6 +156,15 @@ class JobQueue:
                     self.cancelled += 1
                 else:
                     self.completed += 1
+
+    def shutdown(self) -> None:
+        """Event loop, when the server starts to stop: refuse new jobs, and abort every admitted
+        one with a 503 (the running generation stops at its next token)."""
+        with self._lock:
+            self.closing = True
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.abort(shutting_down())
 
     def close(self) -> None:
         """Cancel every job and wait for the worker (before the models are freed)."""

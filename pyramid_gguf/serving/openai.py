@@ -34,9 +34,15 @@ def usage(stats: GenerationStats) -> dict[str, int]:
 
 
 def timings(stats: GenerationStats) -> dict[str, Any]:
-    """llama-server style ``timings``, with per-stage ``draft_n`` / ``draft_n_accepted``."""
+    """llama-server style ``timings``, with per-stage ``draft_n`` / ``draft_n_accepted``.
+
+    As in llama-server, ``prompt_n`` counts the prompt tokens evaluated for this request and
+    ``cache_n`` those reused from the cache, so ``prompt_per_second`` is ``prompt_n`` over
+    ``prompt_ms`` (``usage.prompt_tokens`` is their sum).
+    """
     return {
-        "prompt_n": stats.prompt_tokens,
+        "cache_n": stats.prompt_tokens - stats.prompt_evaluated,
+        "prompt_n": stats.prompt_evaluated,
         "prompt_ms": round(stats.prompt_seconds * 1000, 2),
         "prompt_per_second": round(stats.prompt_tps, 2),
         "predicted_n": stats.generated_tokens,

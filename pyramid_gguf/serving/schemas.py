@@ -14,7 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import SPEC_KNOBS, SamplingConfig, SpecConfig
 from ..errors import UserError
+from ..native.vocab import encode_utf8
 from .http_errors import ApiError
+
+
+def _utf8(text: str) -> str:
+    """``text`` if it has a UTF-8 form (JSON may hold lone surrogates like ``"\\ud800"``)."""
+    try:
+        encode_utf8(text, "the text")
+    except UserError as e:
+        raise ValueError(str(e)) from None
+    return text
 
 
 class StreamOptions(BaseModel):
@@ -107,8 +117,8 @@ class CompletionRequest(GenerationRequest):
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
                 raise ValueError("exactly one prompt per request is supported")
-            return prompt[0]
-        return prompt
+            prompt = prompt[0]
+        return _utf8(prompt) if isinstance(prompt, str) else prompt
 
 
 class ChatMessage(BaseModel):
@@ -118,6 +128,11 @@ class ChatMessage(BaseModel):
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_is_utf8(cls, content: Any) -> Any:
+        return _utf8(content) if isinstance(content, str) else content
 
     def as_dict(self) -> dict[str, Any]:
         """The message for the chat template, content flattened to text."""

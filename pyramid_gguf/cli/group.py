@@ -1,0 +1,49 @@
+"""The click group of ``pyramid-gguf`` (and of its ``models`` noun group)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .interrupts import interrupts_outside_callbacks
+
+
+class PyramidGroup(click.Group):
+    """A click group: bad command lines are one ``Error:`` line (exit 1), Ctrl-C exits 130."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # no arguments at all: click's help
+        except click.UsageError as e:
+            name = " ".join(filter(None, [parent.command_path if parent else "", info_name]))
+            raise click.ClickException(f"{e.format_message()} (see '{name} --help')") from None
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as e:  # "No such command 'runn'. Did you mean 'run'?"
+            raise click.ClickException(
+                f"{e.format_message()} (see '{ctx.command_path} --help')"
+            ) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if ctx.parent is not None:  # a nested group: the top one handles Ctrl-C
+            return super().invoke(ctx)
+        try:
+            with interrupts_outside_callbacks():
+                return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
