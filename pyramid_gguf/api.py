@@ -20,12 +20,16 @@ from typing import Any
 # llama.cpp's libraries load before numpy's (README, "On a GPU": a CUDA model segfaulted in one
 # PyTorch environment when numpy was imported first).
 from . import native  # isort: skip
+
+# isort: split
+import numpy as np
+
 from .config import LoadConfig, SamplingConfig, SpecConfig
 from .decoding.calibrate import Calibration, calibrate
 from .decoding.costs import CostCurve
 from .decoding.engine import decode, make_rounds
 from .decoding.ngram import NGramPool
-from .decoding.sampling import Sampler
+from .decoding.sampling import Sampler, log_softmax, top_ids
 from .decoding.stats import GenerationStats
 from .decoding.tiers import Ladder, load_ladder
 from .errors import UserError
@@ -33,16 +37,35 @@ from .ladder import LadderPaths, NGram
 from .textstream import TextStream
 
 Prompt = str | Sequence[int]
+_DROPPED = np.zeros(0, dtype=np.float32)
+
+
+#: Most alternatives per token a log-probability request may ask for (OpenAI's limit).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability (natural log, temperature 1, before any sampling warp) of
+    one emitted token, its bytes (``piece``), and the ``top`` alternatives as
+    ``(id, bytes, logprob)``, most likely first."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class Response:
-    """One step of a stream: the new text and tokens, and the running stats."""
+    """One step of a stream: the new text and tokens, the running stats, and (when asked for)
+    the target's log-probabilities of the tokens."""
 
     text: str
     token_ids: list[int]
     finish_reason: str | None
     stats: GenerationStats
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,13 +253,18 @@ class Pyramid:
         spec: SpecConfig | None = None,
         *,
         cancel: threading.Event | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[Response]:
         """Yield :class:`Response` steps; the last one carries the finish reason.
 
         ``prompt``: text (tokenized with BOS, special tokens parsed) or token ids. Text never
         contains half a UTF-8 character nor any part of a stop string. Setting ``cancel`` ends
-        the generation at the next token with finish reason ``cancelled``.
+        the generation at the next token with finish reason ``cancelled``. ``logprobs``: give
+        each token the target's log-probability and that many alternatives (0 to
+        :data:`MAX_TOP_LOGPROBS`; None: none).
         """
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise UserError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, got {logprobs}")
         sampling = sampling or SamplingConfig()
         spec = spec or self.spec
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -253,17 +281,22 @@ class Pyramid:
             )
             if strict:
                 self._calibrate(False, None)  # the identity probe sets the target's micro-batch
-            steps = decode(self.ladder, tokens, rounds, prefill, sampler, stats)
+            rows: list[np.ndarray] | None = [] if logprobs is not None else None
+            steps = decode(self.ladder, tokens, rounds, prefill, sampler, stats, rows)
             try:
                 for token in steps:
+                    lp: tuple[TokenLogprob, ...] = ()
+                    if rows is not None and logprobs is not None:
+                        lp = (self._logprob(token, rows[len(generated)], logprobs),)
+                        rows[len(generated)] = _DROPPED  # rows are large: keep none
                     generated.append(token)
                     delta = text.feed(vocab.token_bytes(token))
                     if text.stopped:
                         stats.finish_reason = "stop"
                         if delta:
-                            yield Response(delta, [token], None, stats)
+                            yield Response(delta, [token], None, stats, lp)
                         break
-                    yield Response(delta, [token], None, stats)
+                    yield Response(delta, [token], None, stats, lp)
                     if cancel is not None and cancel.is_set():
                         stats.finish_reason = "cancelled"
                         break
@@ -272,6 +305,13 @@ class Pyramid:
                 if self.pool is not None:
                     self.pool.add([*tokens, *generated])
         yield Response(text.flush(), [], stats.finish_reason or "length", stats)
+
+    def _logprob(self, token: int, row: np.ndarray, top: int) -> TokenLogprob:
+        """``token``'s log-probability under the target's ``row`` ``[V]``, and ``top`` others."""
+        lp = log_softmax(row)
+        vocab = self.ladder.target.vocab
+        alts = tuple((int(i), vocab.token_bytes(int(i)), float(lp[i])) for i in top_ids(lp, top))
+        return TokenLogprob(token, vocab.token_bytes(token), float(lp[token]), alts)
 
     def generate(
         self,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 
+import numpy as np
+
 from ..config import SamplingConfig, SpecConfig
 from ..errors import ContextOverflow, UserError
 from .costs import CostCurve
@@ -52,6 +54,7 @@ def decode(
     prefill: Sequence[ModelTier],
     sampler: Sampler,
     stats: GenerationStats,
+    rows: list[np.ndarray] | None = None,
 ) -> Generator[int, None, None]:
     """Yield generated token ids one at a time, filling ``stats`` as it goes.
 
@@ -60,6 +63,10 @@ def decode(
     row, as llama.cpp does; ``rounds`` then commit the rest. Ends after ``max_tokens`` tokens,
     at an end-of-generation token (not yielded, unless ``ignore_eos``), or when the context is
     full. Prompt processing happens before the first token and is timed separately.
+
+    ``rows``: when given, receives the target's raw logits row ``[V]`` of every committed
+    token, in order (the distribution it was chosen from; row ``i`` belongs to the ``i``-th
+    yielded token), for log-probabilities.
     """
     target = ladder.target
     sampling: SamplingConfig = sampler.cfg
@@ -89,6 +96,9 @@ def decode(
     try:
         assert row is not None
         new = [sampler.pick(row)]
+        if rows is not None:  # the target's row of every committed token, in order
+            rounds.runner.keep_rows = True
+            rows.append(row)
         while True:
             for token in new[: sampling.max_tokens - stats.generated_tokens]:
                 committed.append(token)
@@ -104,6 +114,8 @@ def decode(
                 return
             rounds.sync(committed)
             new = rounds.run(committed, room)[:room]
+            if rows is not None:
+                rows += rounds.runner.take_rows()[: len(new)]
     finally:
         stats.generation_seconds = time.perf_counter() - t_gen
         stats.tiers = [

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from ..config import SpecConfig
 from .chains import NGRAM_TIER, Chain, Stage, mode_chain
 from .ngram import NGramPool, NGramProposer
@@ -27,6 +29,8 @@ from .tiers import Ladder, ModelTier
 class Rounds(Protocol):
     """One generation's rounds: each commits the target's next tokens (at least one)."""
 
+    runner: Runner
+
     def run(self, committed: list[int], room: int) -> list[int]:
         """Tokens to commit after ``committed`` (at most ``room`` are used)."""
         ...
@@ -37,24 +41,41 @@ class Rounds(Protocol):
 
 
 class Runner:
-    """Runs chains for one generation on ``ladder`` with ``sampler``, counting into ``stats``."""
+    """Runs chains for one generation on ``ladder`` with ``sampler``, counting into ``stats``.
+
+    With ``keep_rows`` it also keeps the target's raw logits row of every token it commits
+    (``[V]`` each, the distribution the token was chosen from), for :meth:`take_rows`.
+    """
 
     def __init__(self, ladder: Ladder, sampler: Sampler, stats: GenerationStats) -> None:
         self.ladder = ladder
         self.target = ladder.target
         self.sampler = sampler
         self.stats = stats
+        self.keep_rows = False
+        self._rows: list[np.ndarray] = []
 
     def plain(self, committed: Sequence[int]) -> list[int]:
         """Plain decoding: one target evaluation, one token."""
-        return [self.sampler.pick(self.target.score(committed, [])[0])]
+        row = self.target.score(committed, [])[0]
+        if self.keep_rows:
+            self._rows.append(row)
+        return [self.sampler.pick(row)]
 
     def verify(self, stage: Stage, committed: Sequence[int], block: Block) -> Verified:
         """The target scores ``block`` after ``committed`` in one batch; ``stage``'s rule keeps
         a prefix of it and adds one token of the target's."""
-        return verify(
+        v = verify(
             self.target, committed, block, stage.rule, self.sampler, self.stats.stage(stage.name)
         )
+        if self.keep_rows:
+            self._rows.extend(v.logits)
+        return v
+
+    def take_rows(self) -> list[np.ndarray]:
+        """The rows kept since the last call, one per committed token, in order."""
+        rows, self._rows = self._rows, []
+        return rows
 
     def proposer(
         self,

@@ -20,6 +20,22 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Temperature-1 log-probabilities, float64. ``[..., V] -> [..., V]``."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - np.max(z, axis=-1, keepdims=True)
+    return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+
+
+def top_ids(values: np.ndarray, n: int) -> np.ndarray:
+    """The ids of the ``n`` largest of ``values`` ``[V]``, largest first (lowest id on ties)."""
+    n = min(max(n, 0), len(values))
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    cand = np.argpartition(-values, n - 1)[:n]
+    return cand[np.lexsort((cand, -values[cand]))]
+
+
 def warp(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     """Warped distributions of raw logits: temperature, top-k, top-p, min-p, renormalised.
 

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 
-from ..api import Prompt, Pyramid, Response
+from ..api import Prompt, Pyramid, Response, TokenLogprob
 from .http_errors import ApiError, ApiKeyMiddleware, error_of, install_error_handlers
 from .jobs import ClientGone, Job, JobQueue, Work, shutting_down
 from .openai import ResponseShape
@@ -41,13 +41,16 @@ async def _events(job: Job, first: Response, shape: ResponseShape) -> AsyncGener
         if shape.chat:
             yield _sse(shape.chunk("", role=True))
         step: Response | None = first
+        held: list[TokenLogprob] = []  # tokens whose text is held back (half a character)
         while step is not None:
+            held += step.logprobs
             if step.finish_reason is not None:
-                yield _sse(shape.final_chunk(step.text, step.finish_reason, step.stats))
+                yield _sse(shape.final_chunk(step.text, step.finish_reason, step.stats, held))
                 if shape.include_usage:
                     yield _sse(shape.usage_chunk(step.stats))
             elif step.text:
-                yield _sse(shape.chunk(step.text))
+                yield _sse(shape.chunk(step.text, logprobs=held))
+                held = []
             step = await job.next()
     except Exception as e:  # an error after the headers went out: report it in the stream
         yield _sse(error_of(e).body())
@@ -128,10 +131,14 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
         if not isinstance(prompt, str):
             _check_token_ids(prompt, pyramid.ladder.target.n_vocab)
 
-        def work(cancel: threading.Event) -> Iterator[Response]:
-            return pyramid.stream(prompt, sampling, spec, cancel=cancel)
+        top = body.top_logprobs()
 
-        shape = ResponseShape(chat=False, model=model_name, include_usage=body.include_usage)
+        def work(cancel: threading.Event) -> Iterator[Response]:
+            return pyramid.stream(prompt, sampling, spec, cancel=cancel, logprobs=top)
+
+        shape = ResponseShape(
+            chat=False, model=model_name, include_usage=body.include_usage, logprobs=top is not None
+        )
         return await serve(request, body, shape, work)
 
     @app.post("/v1/chat/completions")
@@ -139,11 +146,15 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
         sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
         messages = [m.as_dict() for m in body.messages]
 
+        top = body.top_logprobs()
+
         def work(cancel: threading.Event) -> Iterator[Response]:
             tokens = pyramid.chat_tokens(messages, settings.chat_template)
-            return pyramid.stream(tokens, sampling, spec, cancel=cancel)
+            return pyramid.stream(tokens, sampling, spec, cancel=cancel, logprobs=top)
 
-        shape = ResponseShape(chat=True, model=model_name, include_usage=body.include_usage)
+        shape = ResponseShape(
+            chat=True, model=model_name, include_usage=body.include_usage, logprobs=top is not None
+        )
         return await serve(request, body, shape, work)
 
     return app
@@ -165,19 +176,21 @@ async def _collect(
 ) -> HTTPResponse:
     """Join a whole generation into one JSON body; a client that leaves cancels it at once."""
     texts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     step: Response | None = first
     last = first
     try:
         async with job.watching(request):
             while step is not None:
                 texts.append(step.text)
+                logprobs += step.logprobs
                 last = step
                 step = await job.next()
     except ClientGone:
         return HTTPResponse(status_code=499)
     finally:
         job.cancel.set()
-    return JSONResponse(shape.full("".join(texts), last.finish_reason, last.stats))
+    return JSONResponse(shape.full("".join(texts), last.finish_reason, last.stats, logprobs))
 
 
 class Server(uvicorn.Server):

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import Prompt, Pyramid
+from ..api import Prompt, Pyramid, TokenLogprob
 from ..config import SamplingConfig, SpecConfig
 from ..decoding.stats import GenerationStats
 
@@ -55,6 +56,41 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
     }
 
 
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(lps: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """Chat's ``logprobs``: per token its text, log-probability, bytes and alternatives."""
+    return {
+        "content": [
+            {
+                "token": _text(t.piece),
+                "logprob": t.logprob,
+                "bytes": list(t.piece),
+                "top_logprobs": [
+                    {"token": _text(b), "logprob": lp, "bytes": list(b)} for _, b, lp in t.top
+                ],
+            }
+            for t in lps
+        ]
+    }
+
+
+def completion_logprobs(lps: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
+    """The legacy completions ``logprobs``: parallel lists, text offsets from ``offset``."""
+    offsets, at = [], offset
+    for t in lps:
+        offsets.append(at)
+        at += len(_text(t.piece))
+    return {
+        "tokens": [_text(t.piece) for t in lps],
+        "token_logprobs": [t.logprob for t in lps],
+        "top_logprobs": [{_text(b): lp for _, b, lp in t.top} for t in lps],
+        "text_offset": offsets,
+    }
+
+
 @dataclass
 class ResponseShape:
     """Ids and kind of one response, and how its chunks look."""
@@ -62,8 +98,12 @@ class ResponseShape:
     chat: bool
     model: str
     include_usage: bool = False
+    #: Whether the request asked for log-probabilities (``logprobs`` is then never null).
+    logprobs: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    #: Characters of text already sent (completions' ``text_offset``).
+    sent: int = 0
 
     def __post_init__(self) -> None:
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -77,17 +117,33 @@ class ResponseShape:
             "choices": choices,
         }
 
+    def _logprobs(self, lps: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(lps)
+        out = completion_logprobs(lps, self.sent)
+        self.sent += sum(len(_text(t.piece)) for t in lps)
+        return out
+
     def chunk(
-        self, text: str | None, finish: str | None = None, *, role: bool = False
+        self,
+        text: str | None,
+        finish: str | None = None,
+        *,
+        role: bool = False,
+        logprobs: Sequence[TokenLogprob] = (),
     ) -> dict[str, Any]:
-        """One streamed chunk: a text delta, the role (chat's first), or the finish reason."""
+        """One streamed chunk: a text delta (with its tokens' ``logprobs`` when asked for), the
+        role (chat's first), or the finish reason."""
+        lp = self._logprobs(logprobs) if logprobs or not role else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return self._envelope("text_completion", [choice])
 
     def usage_chunk(self, stats: GenerationStats) -> dict[str, Any]:
@@ -95,24 +151,39 @@ class ResponseShape:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return self._envelope(obj, []) | {"usage": usage(stats)}
 
-    def final_chunk(self, text: str, reason: str | None, stats: GenerationStats) -> dict[str, Any]:
+    def final_chunk(
+        self,
+        text: str,
+        reason: str | None,
+        stats: GenerationStats,
+        logprobs: Sequence[TokenLogprob] = (),
+    ) -> dict[str, Any]:
         """The streamed chunk with the finish reason (and the last text), plus ``timings``."""
-        chunk = self.chunk((text or None) if self.chat else text, finish_reason(reason))
+        text_or_none = (text or None) if self.chat else text
+        chunk = self.chunk(text_or_none, finish_reason(reason), logprobs=logprobs)
         return chunk | {"timings": timings(stats)}
 
-    def full(self, text: str, reason: str | None, stats: GenerationStats) -> dict[str, Any]:
-        """A non-streamed response with ``usage`` and ``timings``."""
+    def full(
+        self,
+        text: str,
+        reason: str | None,
+        stats: GenerationStats,
+        logprobs: Sequence[TokenLogprob] = (),
+    ) -> dict[str, Any]:
+        """A non-streamed response with ``usage`` and ``timings`` (and ``logprobs`` of every
+        token when asked for)."""
         finish = finish_reason(reason)
+        lp = self._logprobs(logprobs)
         if self.chat:
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": lp,
                 "finish_reason": finish,
             }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
             obj = "text_completion"
         return self._envelope(obj, [choice]) | {"usage": usage(stats), "timings": timings(stats)}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..api import MAX_TOP_LOGPROBS
 from ..config import SPEC_KNOBS, SamplingConfig, SpecConfig
 from ..errors import UserError
 from ..native.vocab import encode_utf8
@@ -69,6 +70,10 @@ class GenerationRequest(BaseModel):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
+    def top_logprobs(self) -> int | None:
+        """Alternatives per token to report with log-probabilities, or None for none."""
+        return None
+
     def sampling(self, base: SamplingConfig) -> SamplingConfig:
         """``base`` with the fields this request sets (UserError on bad values)."""
         changes: dict[str, object] = {
@@ -107,9 +112,14 @@ class GenerationRequest(BaseModel):
 
 
 class CompletionRequest(GenerationRequest):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
+    """``POST /v1/completions``: one prompt, as text or token ids. ``logprobs``: report the
+    target's log-probability of each token with that many alternatives."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def top_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -157,6 +167,14 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs_: int | None = Field(None, alias="top_logprobs", ge=0, le=MAX_TOP_LOGPROBS)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def top_logprobs(self) -> int | None:
+        """OpenAI's rule: ``top_logprobs`` needs ``logprobs: true``."""
+        if self.top_logprobs_ is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs_ or 0) if self.logprobs else None
