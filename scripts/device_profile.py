@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--name", required=True, help="device name (cpu, h100, ...)")
     ap.add_argument("--source", required=True, help="machine, build, date of the curves")
     ap.add_argument("--max", type=int, default=MAX_N, help="batch sizes fitted: 1..max")
+    ap.add_argument("--no-layer-term", action="store_true", help="fit bytes and fixed only (CPU)")
     ap.add_argument("-o", "--output", type=Path, required=True)
     args = ap.parse_args()
     ms = json.loads(args.costs.read_text())["ms_per_decode"]
@@ -35,7 +36,9 @@ def main() -> None:
         (Shape.of(model_memory(args.models_dir / name)), CostCurve(tuple(v / 1000 for v in row)))
         for name, row in ms.items()
     ]
-    profile = DeviceProfile.fit(args.name, args.source, samples, args.max)
+    profile = DeviceProfile.fit(
+        args.name, args.source, samples, args.max, per_layer=not args.no_layer_term
+    )
     profile.save(args.output)
     for name, err in zip(ms, profile.errors(samples), strict=True):
         print(f"{name:<48} largest fit error {err:6.1%}")

@@ -77,19 +77,30 @@ class DeviceProfile:
 
     @classmethod
     def fit(
-        cls, name: str, source: str, samples: Sequence[tuple[Shape, CostCurve]], n_max: int = MAX_N
+        cls,
+        name: str,
+        source: str,
+        samples: Sequence[tuple[Shape, CostCurve]],
+        n_max: int = MAX_N,
+        *,
+        per_layer: bool = True,
     ) -> DeviceProfile:
         """Fit ``per_byte``, ``per_layer`` and ``fixed`` (each >= 0) to measured curves of whole
-        models, per batch size (at least two models of different sizes)."""
+        models, per batch size (at least two models of different sizes). ``per_layer=False``
+        fits no block term (a CPU: its cost is the work on the weights, and models of one width
+        cannot tell a block term from a byte term)."""
         if len({s.weight_bytes for s, _ in samples}) < 2:
             raise UserError("fitting a device profile needs two models of different sizes")
-        x = np.array([[s.weight_bytes, s.n_layer, 1.0] for s, _ in samples], dtype=np.float64)
+        layers = 1.0 if per_layer else 0.0
+        x = np.array(
+            [[s.weight_bytes, layers * s.n_layer, 1.0] for s, _ in samples], dtype=np.float64
+        )
         parts = []
         for n in range(1, n_max + 1):
             y = np.array([c(n) for _, c in samples], dtype=np.float64)
             parts.append(_nnls(x, y))
-        per_byte, per_layer, fixed = (tuple(float(p[j]) for p in parts) for j in range(3))
-        return cls(name, source, per_byte, per_layer, fixed)
+        byte_s, layer_s, fixed_s = (tuple(float(p[j]) for p in parts) for j in range(3))
+        return cls(name, source, byte_s, layer_s, fixed_s)
 
     def errors(self, samples: Sequence[tuple[Shape, CostCurve]]) -> list[float]:
         """The largest relative error of the fitted cost over each sample's measured sizes."""
