@@ -25,6 +25,7 @@ never prefilled: a model catches up on the committed text only if and when it is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -181,7 +182,11 @@ class AutoRounds:
         match = self.drafter.lookup(committed, max_k, self.answer_start) if max_k > 0 else None
         base = policy.plain(self.costs["target"], self.overhead)
         self._settle(committed, base)
-        budget = policy.Budget(base, self.auto.savings + self.auto.shadow_credit)
+        # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone.
+        copying = match is not None and match.copying
+        budget = policy.Budget(
+            base, math.inf if copying else self.auto.savings + self.auto.shadow_credit
+        )
         options = self.options(committed, max_k, match, budget) if max_k > 0 else []
         choice = policy.choose(base, options)
         if choice is base and budget.refused:
@@ -239,9 +244,7 @@ class AutoRounds:
                 self.sampler,
                 self.stats.stage("ngram->target"),
             )
-            self.ngram_keep.record(
-                match.length, len(block), v.n_accepted, choice.tokens - 1, quoted=match.quoted
-            )
+            self.ngram_keep.record(match.length, len(block), v.n_accepted, quoted=match.quoted)
             return v.tokens, len(block)
         if choice.chain == "pyramid":
             return self._pyramid(choice, committed)
