@@ -1,43 +1,54 @@
-"""pyramid-gguf against llama.cpp's own speculative tools, in one run, on the same prompts.
+"""pyramid-gguf against llama.cpp's own n-gram drafters, per prompt, in one run.
 
 Builds nothing: point ``--peer-home`` at the folder ``../shared/tools/llama_peer.sh build``
-filled (its ``PEER_HOME``). For every shipped prompt of the chosen sets (the target's chat
-template applied, as ``bench`` does), it measures, interleaved, over ``--repeats`` passes:
+filled (its ``PEER_HOME``). For every shipped prompt of the chosen sets (all six by default;
+the target's chat template applied, as ``bench`` does), it measures over ``--repeats`` passes:
 
-- pyramid-gguf ``target`` (the reference), ``auto``, and ``sd --draft ngram``;
-- llama.cpp's ``llama-speculative-simple --spec-type ngram-simple`` (greedy, same prompt text,
-  same threads and token budget), via ``llama_peer.sh spec``;
+- pyramid-gguf ``target`` (the reference) and ``auto``;
+- llama.cpp's ``llama-speculative-simple`` with each of ``--spec-type ngram-simple``,
+  ``ngram-map-k`` and ``ngram-mod`` (``--kinds``), greedy, on the same prompt text, with the
+  same threads and token budget, each drafter at llama.cpp's own default settings (in this
+  llama.cpp, ``--spec-draft-n-max`` does not reach the n-gram drafters: ``ngram-simple`` and
+  ``ngram-map-k`` look up 12-token keys and draft up to 48 tokens, ``ngram-mod`` 24-token
+  keys and 48 to 64 tokens);
 - and, once, ``llama-bench`` tg against pyramid-gguf's plain decoding of the same length.
 
-It prints tok/s per prompt set and ratios against ``target``, and ``auto`` against
-llama.cpp's n-gram drafter. Every number comes from this one run: each repeat runs ours on every
-prompt, unloads it, then runs llama.cpp's tools on every prompt (a process holding the same
-model file changes the other's speed, so the two are never loaded together).
+It prints every prompt (tok/s of ``target``; the others as speedups over it; the best
+llama.cpp drafter on that prompt, and ``auto`` over it), then each set's geometric means.
+Every number comes from this one run: each repeat runs ours on every prompt, unloads it, then
+runs llama.cpp's drafters on every prompt (a process holding the same model file changes the
+other's speed, so the two are never loaded together). ``--json`` keeps everything: every
+repeat's tok/s, llama.cpp's drafted and kept token counts, the medians and ratios.
 
-    python scripts/peer_bench.py --peer-home ~/.cache/llama-peer [--sets edit,code,chat,qa] \\
-        [-n 160] [--repeats 2] [--threads 2] [--json out.json]
+    python scripts/peer_bench.py --peer-home ~/.cache/llama-peer [--sets summarize,edit,rag] \\
+        [-n 160] [--repeats 2] [--threads 2] [--kinds ngram-simple,ngram-map-k,ngram-mod] \\
+        [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.bench.prompts import PROMPT_SETS, load_prompt_sets
+from pyramid_gguf.bench.prompts import PROMPT_SETS, BenchPrompt, load_prompt_sets
 from pyramid_gguf.models.presets import DEFAULT_PRESET, resolve_preset
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "llama_peer.sh"
-SPEED = re.compile(r"([0-9.]+)\s*t/s")
+KINDS = ("ngram-simple", "ngram-map-k", "ngram-mod")
+SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds, speed:\s*([0-9.]+)\s*t/s")
+COUNT = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
 
 
-def peer(args: argparse.Namespace, *cmd: str) -> str:
+def peer_tool(args: argparse.Namespace, *cmd: str) -> str:
     env = {**os.environ, "PEER_HOME": str(args.peer_home), "THREADS": str(args.threads)}
     r = subprocess.run(
         ["bash", str(args.tool), *cmd], capture_output=True, text=True, env=env, check=True
@@ -45,64 +56,119 @@ def peer(args: argparse.Namespace, *cmd: str) -> str:
     return r.stdout
 
 
-def peer_ngram(
-    args: argparse.Namespace, target: Path, prompt: str, n_max: int, spec_type: str
-) -> float:
-    """tok/s of ``llama-speculative-simple`` with ``spec_type``: ``ngram-simple`` through
-    ``llama_peer.sh spec``; other n-gram drafters by calling the same binary the same way."""
+def speculative_simple(args: argparse.Namespace) -> Path:
+    found = sorted(args.peer_home.glob("*/vendor/llama.cpp/build/bin/llama-speculative-simple"))
+    if not found:
+        raise SystemExit(
+            f"no llama-speculative-simple under {args.peer_home}: run llama_peer.sh build"
+        )
+    return found[-1]
+
+
+def peer_ngram(args: argparse.Namespace, target: Path, prompt: str, kind: str) -> dict[str, float]:
+    """One run of ``llama-speculative-simple --spec-type kind``: tok/s, tokens decoded, and
+    its drafted and kept token counts."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     try:
-        if spec_type == "ngram-simple":
-            out = peer(args, "spec", str(target), f.name, "", str(n_max))
-        else:
-            binary = next(
-                args.peer_home.glob("*/vendor/llama.cpp/build/bin/llama-speculative-simple")
-            )
-            cmd = [str(binary), "-m", str(target), "--spec-type", spec_type]
-            cmd += ["--spec-draft-n-max", str(n_max), "-f", f.name, "-n", str(args.max_tokens)]
-            cmd += ["-t", str(args.threads), "--temp", "0", "-c", "4096"]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            out = next(ln for ln in (done.stdout + done.stderr).splitlines() if "decoded" in ln)
+        cmd = [str(args.binary), "-m", str(target), "--spec-type", kind, "-f", f.name]
+        cmd += ["-n", str(args.max_tokens), "-t", str(args.threads), "--temp", "0", "-c", "4096"]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     finally:
         os.unlink(f.name)
+    out = done.stdout + done.stderr
     m = SPEED.search(out)
     if m is None:
-        raise SystemExit(f"no speed in llama.cpp's output: {out!r}")
-    return float(m.group(1))
+        raise SystemExit(f"no speed in llama.cpp's output: {out[-2000:]!r}")
+    counts = {k: float(v) for k, v in COUNT.findall(out)}
+    return {"tok_s": float(m.group(3)), "tokens": float(m.group(1)), **counts}
 
 
 def tok_s(p: Pyramid, tokens: list[int], sampling: SamplingConfig, spec: SpecConfig) -> float:
-    stats = p.generate(tokens, sampling, spec).stats
-    return stats.generation_tps
+    return p.generate(tokens, sampling, spec).stats.generation_tps
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(v) for v in values))
+
+
+def summarize(
+    prompts: list[BenchPrompt], runs: dict[str, dict[str, list[float]]], kinds: list[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]]]:
+    """Per prompt: median tok/s of each config, ratios to ``target``, the best llama.cpp
+    drafter and ``auto`` over it; per set: geometric means of the ratios."""
+    per_prompt: dict[str, dict[str, Any]] = {}
+    for q in prompts:
+        med = {k: statistics.median(v) for k, v in runs[q.key].items()}
+        t = med["target"]
+        x = {k: v / t for k, v in med.items()}
+        best = max(kinds, key=lambda k: med[f"llama.cpp {k}"])
+        per_prompt[q.key] = {
+            "set": q.set,
+            "tok_s": med,
+            "x_target": x,
+            "best_llama_cpp": best,
+            "auto_over_best": med["auto"] / med[f"llama.cpp {best}"],
+        }
+    per_set: dict[str, dict[str, float]] = {}
+    for s in dict.fromkeys(q.set for q in prompts):
+        rows = [r for r in per_prompt.values() if r["set"] == s]
+        cols = {k: geomean([r["x_target"][k] for r in rows]) for k in rows[0]["x_target"]}
+        cols["best llama.cpp"] = geomean(
+            [r["x_target"][f"llama.cpp {r['best_llama_cpp']}"] for r in rows]
+        )
+        cols["auto / best"] = geomean([r["auto_over_best"] for r in rows])
+        cols["target tok/s"] = geomean([r["tok_s"]["target"] for r in rows])
+        per_set[s] = cols
+    return per_prompt, per_set
+
+
+def print_table(
+    per_prompt: dict[str, dict[str, Any]], per_set: dict[str, dict[str, float]], kinds: list[str]
+) -> None:
+    widths = [12, 6, *(max(len(k), 6) for k in kinds), 14, 11]
+
+    def line(label: str, cells: list[str]) -> None:
+        print(f"{label:<22}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+
+    print()
+    line("prompt", ["target tok/s", "auto", *kinds, "best llama.cpp", "auto / best"])
+    for key, r in per_prompt.items():
+        x = r["x_target"]
+        cells = [f"{r['tok_s']['target']:.1f}", f"{x['auto']:.2f}x"]
+        cells += [f"{x[f'llama.cpp {k}']:.2f}x" for k in kinds]
+        line(key, [*cells, r["best_llama_cpp"], f"{r['auto_over_best']:.2f}x"])
+    print("\ngeometric means per set")
+    for s, c in per_set.items():
+        cells = [f"{c['target tok/s']:.1f}", f"{c['auto']:.2f}x"]
+        cells += [f"{c[f'llama.cpp {k}']:.2f}x" for k in kinds]
+        line(s, [*cells, f"{c['best llama.cpp']:.2f}x", f"{c['auto / best']:.2f}x"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer-home", type=Path, default=Path("~/.cache/llama-peer").expanduser())
-    ap.add_argument("--tool", type=Path, default=TOOL, help="llama_peer.sh")
+    ap.add_argument("--tool", type=Path, default=TOOL, help="llama_peer.sh (for llama-bench)")
     ap.add_argument("--preset", default=DEFAULT_PRESET)
     ap.add_argument("--sets", default=",".join(PROMPT_SETS))
     ap.add_argument("-n", "--max-tokens", type=int, default=160)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--n-max", type=int, default=4, help="llama.cpp's --spec-draft-n-max")
-    ap.add_argument(
-        "--also",
-        default="",
-        help="more llama.cpp n-gram drafters to run, e.g. ngram-map-k,ngram-mod",
-    )
+    ap.add_argument("--kinds", default=",".join(KINDS), help="llama.cpp's --spec-type values")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    args.binary = speculative_simple(args)
 
     ladder = resolve_preset(args.preset)
     load = LoadConfig(n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads)
     sampling = SamplingConfig(temperature=0, max_tokens=args.max_tokens)
     runs: dict[str, dict[str, list[float]]] = {}  # prompt -> config -> tok/s per repeat
+    counts: dict[str, dict[str, list[dict[str, float]]]] = {}  # prompt -> kind -> runs
     specs = {"target": SpecConfig(mode="target"), "auto": SpecConfig(mode="auto")}
     prompts = load_prompt_sets(args.sets.split(","))
-    kinds = ["ngram-simple", *filter(None, args.also.split(","))]
+    kinds = [k for k in args.kinds.split(",") if k]
     ours_tg = 0.0
+    texts: dict[str, str] = {}
     for repeat in range(args.repeats):
         # Ours and llama.cpp's in turn, never both loaded: a second process holding the same
         # model file changes its speed (measured here: llama.cpp 11% faster while ours was).
@@ -124,36 +190,32 @@ def main() -> None:
         for q in prompts:
             run = runs[q.key]
             for kind in kinds:
-                speed = peer_ngram(args, ladder.paths.target, texts[q.key], args.n_max, kind)
-                run.setdefault(f"llama.cpp {kind}", []).append(speed)
+                r = peer_ngram(args, ladder.paths.target, texts[q.key], kind)
+                run.setdefault(f"llama.cpp {kind}", []).append(r["tok_s"])
+                counts.setdefault(q.key, {}).setdefault(kind, []).append(r)
             print(q.key, {k: round(v[-1], 1) for k, v in run.items()}, flush=True)
-    rows: dict[str, dict[str, list[float]]] = {}  # set -> config -> tok/s of its prompts
-    for q in prompts:
-        for name, values in runs[q.key].items():
-            rows.setdefault(q.set, {}).setdefault(name, []).extend(values)
-    bench = peer(args, "bench", str(ladder.paths.target))
+    bench = peer_tool(args, "bench", str(ladder.paths.target))
     tg = re.search(r"tg128\s*\|\s*([0-9.]+)", bench)
 
-    head = ["set", "target tok/s", "auto", "llama.cpp ngram-simple", "auto / llama.cpp"]
-    print(f"\n{head[0]:<6} {head[1]:>12} {head[2]:>7} {head[3]:>23} {head[4]:>17}")
-    summary = {}
-    for s, row in rows.items():
-        med = {k: statistics.median(v) for k, v in row.items()}
-        t = med["target"]
-        summary[s] = med
-        peer_x = med["llama.cpp ngram-simple"]
-        print(
-            f"{s:<6} {t:>12.1f} {med['auto'] / t:>6.2f}x {peer_x / t:>22.2f}x "
-            f"{med['auto'] / peer_x:>16.2f}x"
-        )
-        for kind in kinds[1:]:
-            print(f"{'':<6} llama.cpp {kind}: {med[f'llama.cpp {kind}'] / t:.2f}x target")
+    per_prompt, per_set = summarize(prompts, runs, kinds)
+    print_table(per_prompt, per_set, kinds)
     print(f"\nplain decoding, 128 tokens: pyramid-gguf {ours_tg:.1f} tok/s, ", end="")
     print(f"llama-bench tg128 {tg.group(1) if tg else '?'} tok/s")
     print(bench)
     if args.json:
         doc = {
-            "sets": summary,
+            "settings": {
+                "max_tokens": args.max_tokens,
+                "repeats": args.repeats,
+                "threads": args.threads,
+                "kinds": kinds,
+                "preset": args.preset,
+            },
+            "prompts": {
+                k: {**r, "runs": runs[k], "llama_cpp": counts.get(k, {})}
+                for k, r in per_prompt.items()
+            },
+            "sets": per_set,
             "tg128": {"ours": ours_tg, "llama_bench": tg and float(tg.group(1))},
         }
         args.json.write_text(json.dumps(doc, indent=2))

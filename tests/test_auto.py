@@ -8,18 +8,27 @@ the scheduler: the cost curve, the acceptance estimates, the budget
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pytest
-from test_policy import AVX512
+from test_policy import AVX512, NOAMX
 
-from pyramid_gguf.decoding import policy
+from pyramid_gguf.config import SamplingConfig, SpecConfig
+from pyramid_gguf.decoding import ngram, policy
+from pyramid_gguf.decoding.auto import AutoRounds
+from pyramid_gguf.decoding.costs import CostCurve
 from pyramid_gguf.decoding.replay import ScriptedTarget, replay
-from pyramid_gguf.decoding.stats import AutoStats
+from pyramid_gguf.decoding.sampling import Sampler
+from pyramid_gguf.decoding.stats import AutoStats, GenerationStats
+from pyramid_gguf.decoding.tiers import Ladder, ModelTier
 
 
-def run_auto(prompt: list[int], answer: list[int]) -> tuple[list[int], AutoStats, int]:
-    """Decode ``answer`` after ``prompt`` with ``auto`` priced by the 2-core CPU curve."""
-    r = replay(prompt, answer, AVX512)
+def run_auto(
+    prompt: list[int], answer: list[int], curve: CostCurve = AVX512
+) -> tuple[list[int], AutoStats, int]:
+    """Decode ``answer`` after ``prompt`` with ``auto`` priced by a 2-core CPU curve."""
+    r = replay(prompt, answer, curve)
     return r.tokens, r.auto, r.evaluations
 
 
@@ -38,18 +47,52 @@ def test_an_answer_that_quotes_its_prompt_is_copied_in_blocks(
 ) -> None:
     """The first plain rounds settle as shadow blocks that would have been kept: they teach
     the estimates and credit the budget, so auto starts proposing sooner than it would on
-    real savings alone, and then copies in blocks."""
+    real savings alone, and then copies in blocks. On the no-AMX curve no first bet is
+    confident, so without shadow credit auto never starts. (Shadows alone: a quote of
+    COPY_EVIDENCE tokens lifts the budget, see the next test.)"""
+    monkeypatch.setattr(ngram, "COPY_EVIDENCE", 10**6)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
-    got, auto, evaluations = run_auto(prompt, prompt[:100])
+    got, auto, evaluations = run_auto(prompt, prompt[:100], NOAMX)
     assert got == prompt[:100]
     assert auto.choices["ngram"].committed > 80
-    assert evaluations < 40  # 100 tokens in blocks of up to 4, not one by one
+    assert evaluations < 40  # 100 tokens in blocks, not one by one
     assert auto.savings > 0 and auto.shadows > 0 and auto.shadow_credit > 0
     monkeypatch.setattr(policy, "SHADOW_CREDIT", 0.0)
-    got, uncredited, later = run_auto(prompt, prompt[:100])
+    got, uncredited, later = run_auto(prompt, prompt[:100], NOAMX)
     assert got == prompt[:100] and uncredited.shadow_credit == 0
     assert later > evaluations
+
+
+def test_an_answer_copying_its_prompt_bets_whatever_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quote of COPY_EVIDENCE tokens is what llama.cpp's ngram-simple bets on: auto proposes
+    blocks from it even when failed shadows have left the budget in debt (as RAG answers that
+    restate the question do), bounded by its estimates only. Without that rule the debt keeps
+    it on plain decoding through the whole copy."""
+    rng = np.random.default_rng(3)
+    prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
+    answer = prompt[40:100]
+
+    def run(debt: float) -> tuple[list[int], AutoStats, int]:
+        target = ScriptedTarget([*prompt, *answer], AVX512)
+        stats = GenerationStats(mode="auto")
+        sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(answer)))
+        ladder = Ladder(target=cast(ModelTier, target))
+        rounds = AutoRounds(ladder, SpecConfig(mode="auto"), sampler, stats, {"target": AVX512})
+        rounds.ledger.shadow_credit = -debt  # failed shadows left the budget in debt
+        committed = list(prompt)
+        while len(committed) < len(prompt) + len(answer):
+            committed += rounds.run(committed, len(prompt) + len(answer) - len(committed))
+        return committed[len(prompt) :], rounds.auto, target.evaluations
+
+    got, copying, evaluations = run(debt=10.0)
+    assert got == answer and copying.shadow_credit < -9
+    assert copying.choices["ngram"].committed > 40 and evaluations < 25
+    monkeypatch.setattr(ngram, "COPY_EVIDENCE", 10**6)
+    got, held, plain = run(debt=10.0)
+    assert got == answer and "ngram" not in held.choices and plain == len(answer)
 
 
 def test_echoes_that_do_not_copy_cost_at_most_the_confident_bets(
@@ -65,7 +108,7 @@ def test_echoes_that_do_not_copy_cost_at_most_the_confident_bets(
     assert guarded.savings <= 0  # nothing was ever kept
     monkeypatch.setattr(policy, "CONFIDENT_GAIN", 1.0)
     got, reckless, _ = run_auto(prompt, answer)
-    assert got == answer and reckless.unfunded == 0
+    assert got == answer and reckless.unfunded < guarded.unfunded
     assert reckless.savings < guarded.savings
     assert rounds_of(reckless, "ngram") > rounds_of(guarded, "ngram")
 

@@ -144,7 +144,7 @@ def test_bad_flags_are_user_errors() -> None:
 def test_prompt_sets_and_files(tmp_path: Path) -> None:
     prompts = load_prompt_sets(None)
     sets = {p.set for p in prompts}
-    assert sets == {"code", "edit", "chat", "qa"}
+    assert sets == {"code", "edit", "chat", "qa", "summarize", "rag"}
     for name in sets:
         assert 3 <= sum(p.set == name for p in prompts) <= 5
     assert len({p.key for p in prompts}) == len(prompts)

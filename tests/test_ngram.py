@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyramid_gguf.decoding.ngram import KEY, NGramDrafter, NGramIndex, NGramPool, NGramProposer
+from pyramid_gguf.decoding.ngram import (
+    COPY_EVIDENCE,
+    KEY,
+    NGramDrafter,
+    NGramIndex,
+    NGramPool,
+    NGramProposer,
+)
 
 
 def test_longest_match_wins_over_the_newest_shorter_one() -> None:
@@ -36,6 +43,20 @@ def test_matches_in_the_prompt_or_the_pool_are_quoted() -> None:
     pool.add([5, 6, 7, 8, 60])
     m = NGramDrafter(pool).lookup([*prompt, 6, 7, 8], 1, answer_start=len(prompt))
     assert m is not None and m.quoted and m.continuation == [60]
+
+
+def test_a_long_quote_is_evidence_of_copying_an_echo_is_not() -> None:
+    """``copying``: the answer has quoted its prompt for COPY_EVIDENCE tokens (llama.cpp's
+    ngram-simple key); the same length echoing the answer itself does not count."""
+    prompt = list(range(100, 140))
+    answer = prompt[5 : 5 + COPY_EVIDENCE]
+    m = NGramDrafter().lookup(prompt + answer, 4, answer_start=len(prompt))
+    assert m is not None and m.quoted and m.length == COPY_EVIDENCE and m.copying
+    m = NGramDrafter().lookup(prompt + answer[:-1], 4, answer_start=len(prompt))
+    assert m is not None and m.quoted and not m.copying
+    phrase = list(range(500, 500 + COPY_EVIDENCE + 1))
+    m = NGramDrafter().lookup([1, 2, *phrase, 7, *phrase], 4, answer_start=2)
+    assert m is not None and not m.quoted and m.length > COPY_EVIDENCE and not m.copying
 
 
 def test_index_follows_a_growing_context_and_rebuilds_on_a_new_one() -> None:

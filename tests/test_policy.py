@@ -14,6 +14,11 @@ from pyramid_gguf.decoding.estimates import ChainAcceptance, NGramAcceptance, Ra
 #: Measured on a 2-core AVX-512 machine (issue 12): the 1.5B Q4_K_M target, ms per decode of
 #: k tokens; repacked weights are multiplied in rows of 4, so 5 tokens cost far more than 4.
 AVX512 = CostCurve(tuple(ms / 1000 for ms in (34, 51, 68, 80, 129, 140, 160, 188)))
+#: The same target on a 2-core Xeon with the no-AMX build (README, ``calibrate``), 1..16 tokens:
+#: 2 tokens cost 1.62 single ones, so no block that risks at most one token's time can promise
+#: CONFIDENT_GAIN; first bets come from shadow credit.
+NOAMX_MS = (56.9, 92.4, 116.2, 116.2, 145.2, 176.5, 190.3, 204.1, 213.4, 222.8, 232.1, 241.4)
+NOAMX = CostCurve(tuple(ms / 1000 for ms in (*NOAMX_MS, 241.4, 241.4, 241.4, 241.4)))
 #: A GPU-like target: a batch costs about one token.
 GPU = CostCurve.shaped(0.010, 0.0002)
 #: A 2-core CPU draft: 0.64 of the target per token (the 0.5B against the 1.5B).
@@ -98,7 +103,7 @@ def test_ngram_acceptance_learns_per_match_length() -> None:
         est.record(40, proposed=8, kept=8)  # long matches: everything kept
         est.record(3, proposed=4, kept=0)  # short ones: nothing
     first, after = est.estimate(40)
-    assert first > 0.9 * est.history.mean and after > 0.9  # history: no promises recorded
+    assert first > 0.9 and after > 0.9
     assert est.estimate(3)[0] < 0.1
     assert est.estimate(2)[0] == short_prior  # another bucket: untouched
 
@@ -112,17 +117,16 @@ def test_chain_acceptance_counts_only_tested_tokens() -> None:
     assert est.token(0.9) > 0.9 * 0.99  # kept as often as the draft was confident
 
 
-def test_ngram_history_scales_every_bucket() -> None:
-    """Rounds that keep less than promised (prose echoing a phrase) lower the estimate of
-    matches of every length; rounds that keep more (an edit copying code) raise it."""
-    prose, edit = NGramAcceptance(), NGramAcceptance()
-    untouched = prose.estimate(20)[0]
-    for _ in range(4):
-        prose.record(3, proposed=3, kept=0, promised=1.3)
-        edit.record(3, proposed=3, kept=3, promised=1.3)
-    assert prose.estimate(20)[0] < 0.6 * untouched  # a bucket never tried is trusted less
-    assert edit.estimate(20)[0] > untouched
-    assert edit.estimate(20)[0] <= 0.99
+def test_a_refused_block_lowers_only_its_own_bucket() -> None:
+    """A long block refused at its first token (a quote the answer left) teaches its bucket;
+    the other lengths keep their estimates, so the prompt's long quotes are still proposed."""
+    est = NGramAcceptance()
+    long_quote, short_echo = est.estimate(20, quoted=True), est.estimate(3)
+    for _ in range(3):
+        est.record(12, proposed=15, kept=0, quoted=True)
+    assert est.estimate(12, quoted=True)[0] < 0.6
+    assert est.estimate(20, quoted=True) == long_quote
+    assert est.estimate(3) == short_echo
 
 
 def test_a_round_may_lose_what_the_generation_saved() -> None:
@@ -168,5 +172,5 @@ def test_quoted_matches_are_trusted_more_than_echoes() -> None:
     echo_before = est.estimate(3)
     for _ in range(20):
         est.record(3, proposed=3, kept=3, quoted=True)
-    assert est.estimate(3, quoted=True)[0] > 0.9 * est.history.mean
+    assert est.estimate(3, quoted=True)[0] > 0.9
     assert est.estimate(3) == echo_before  # the other source: untouched

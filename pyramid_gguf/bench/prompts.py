@@ -1,4 +1,11 @@
-"""Benchmark prompts: the shipped sets (``code``, ``edit``, ``chat``, ``qa``) and user files."""
+"""Benchmark prompts: the shipped sets and user files.
+
+Shipped sets (``data/prompts/<set>.json``): ``code`` (write a function), ``edit`` (the answer
+returns the prompt's code with a change), ``chat``, ``qa``, ``summarize`` (a news article of
+500-600 words, then a request to summarize it) and ``rag`` (four retrieved passages, then a
+question whose answer quotes them). All are original text written for this project (the
+articles and passages are fictional) and ship under its MIT licence.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import Any
 
 from ..errors import UserError
 
-PROMPT_SETS = ("code", "edit", "chat", "qa")
+PROMPT_SETS = ("code", "edit", "chat", "qa", "summarize", "rag")
 _DATA = Path(__file__).resolve().parent.parent / "data" / "prompts"
 
 
@@ -44,7 +51,7 @@ def _prompts_from_json(data: Any, set_name: str, where: str) -> list[BenchPrompt
 
 
 def load_prompt_sets(names: Sequence[str] | None = None) -> list[BenchPrompt]:
-    """The shipped prompt sets (``code``, ``edit``, ``chat``, ``qa``), all by default."""
+    """The shipped prompt sets (:data:`PROMPT_SETS`), all by default."""
     names = list(names) if names else list(PROMPT_SETS)
     unknown = [n for n in names if n not in PROMPT_SETS]
     if unknown:

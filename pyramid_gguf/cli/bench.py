@@ -78,7 +78,7 @@ def prompt_options(f: Any) -> Any:
                 "prompt_sets",
                 default=None,
                 metavar="SETS",
-                help="Shipped prompt sets: code,edit,chat,qa [default: all].",
+                help="Shipped prompt sets: code,edit,chat,qa,summarize,rag [default: all].",
             ),
             click.option(
                 "--prompt-file",

@@ -158,7 +158,10 @@ class AutoRounds:
         match = self.drafter.lookup(committed, max_k, self.answer_start) if max_k > 0 else None
         base = policy.plain(self.costs["target"], self.overhead)
         self._settle(committed, base)
-        picks = self.picks(committed, max_k, match, self.ledger.budget(base)) if max_k > 0 else {}
+        # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone.
+        copying = match is not None and match.copying
+        budget = policy.Budget(base) if copying else self.ledger.budget(base)
+        picks = self.picks(committed, max_k, match, budget) if max_k > 0 else {}
         choice = policy.choose(base, [p.allowed for p in picks.values()])
         if choice is base and any(p.refused for p in picks.values()):
             self.auto.unfunded += 1
@@ -211,9 +214,7 @@ class AutoRounds:
             assert match is not None
             block = Block(match.continuation[: choice.k], None, None)
             v = self.runner.verify(chain.top, committed, block)
-            self.ngram_keep.record(
-                match.length, len(block), v.n_accepted, choice.tokens - 1, quoted=match.quoted
-            )
+            self.ngram_keep.record(match.length, len(block), v.n_accepted, quoted=match.quoted)
             return v.tokens, len(block)
         pyramid = len(chain.stages) > 1
         proposer = self.runner.proposer(
