@@ -14,7 +14,7 @@ prompt's evaluation, as in :func:`~.engine.decode`, and is not charged. Under gr
 verification the committed tokens are the answer, so what a replay predicts is the time: what
 the mode would do with the real models on a machine with these cost curves, except where the
 target's top two logits nearly tie. :func:`replay` is the n-gram-only form ``auto``'s tests and
-``scripts/replay_auto.py`` use.
+``scripts/lab/replay_auto.py`` use.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ set and answer length, the speedup over plain decoding that the cost model predi
 the llama.cpp that llama-cpp-python 0.3.36 vendors), priced by the same curve, and prints every
 prompt at the longest length: ``auto``, each drafter, and ``auto`` over the best of them.
 
-    python scripts/replay_auto.py record answers.json [-n 256] [-t 2]
-    python scripts/replay_auto.py replay answers.json [--curve recorded|avx512|curve.json] \\
+    python scripts/lab/replay_auto.py record answers.json [-n 256] [-t 2]
+    python scripts/lab/replay_auto.py replay answers.json [--curve recorded|avx512|curve.json] \\
         [--lengths 64,160,256] [--sets summarize,rag] [--peers] [-v]
 
 ``--curve avx512`` is issue 12's 2-core AVX-512 machine (ms per decode of 1..8 tokens: 34,
