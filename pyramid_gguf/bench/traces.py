@@ -99,7 +99,8 @@ def record_traces(
             kept = ", ".join(f"{n} {t.agreement(answer):.2f}" for n, t in tiers.items())
             say(f"{q.key}: {len(answer)} tokens; argmax agreement with the target: {kept}")
     files = {m.name: m.model.path.name for m in pyramid.ladder.models}
-    machine = f"{cpu_name()}, {pyramid.ladder.target.model.cfg.n_threads} threads; {build_id()}"
+    threads = pyramid.ladder.target.model.cfg.n_threads
+    machine = f"{cpu_name()}, {threads} threads, {build_id().split(';')[0]}"
     costs = {name: curve.seconds for name, curve in pyramid.costs().items()}
     return TraceSet(
         ladder or pyramid.name, files, sampling.temperature, tuple(traces), machine, costs
