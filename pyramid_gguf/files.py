@@ -1,15 +1,21 @@
-"""Model files as the user names them: is this path a GGUF file we can read?
+"""Files as the user names them: is this path a GGUF file we can read? Is that one a JSON file
+of the kind we expect?
 
-The one check every loader and reader runs before anything else (the native adapter, the
-header reader, the planner), so a bad path is one line naming what is wrong.
+The checks every loader and reader runs before anything else (the native adapter, the header
+reader, the planner, trace and profile files), so a bad path is one line naming what is wrong.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
-from .errors import ModelFileError
+from .errors import ModelFileError, UserError
+
+T = TypeVar("T")
 
 #: The first four bytes of every GGUF file.
 GGUF_MAGIC = b"GGUF"
@@ -32,3 +38,14 @@ def check_gguf_path(path: str | os.PathLike[str]) -> Path:
     if len(head) < 8:
         raise ModelFileError(f"truncated GGUF file: {p}")
     return p
+
+
+def load_json(path: Path, what: str, parse: Callable[[Any], T]) -> T:
+    """``parse`` of the JSON in ``path``, or a one-line :class:`UserError` naming ``what`` the
+    file should have been (missing, unreadable, not JSON, or not of that kind)."""
+    try:
+        return parse(json.loads(path.read_text(encoding="utf-8")))
+    except OSError as e:
+        raise UserError(f"cannot read {what} {path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a {what} ({e})") from None

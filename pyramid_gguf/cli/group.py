@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from .interrupts import interrupts_outside_callbacks
+from .options import command_path, one_line
 
 
 class PyramidGroup(click.Group):
@@ -25,8 +26,7 @@ class PyramidGroup(click.Group):
         except click.exceptions.NoArgsIsHelpError:
             raise  # no arguments at all: click's help
         except click.UsageError as e:
-            name = " ".join(filter(None, [parent.command_path if parent else "", info_name]))
-            raise click.ClickException(f"{e.format_message()} (see '{name} --help')") from None
+            raise one_line(e, command_path(parent, info_name)) from None
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -34,9 +34,7 @@ class PyramidGroup(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError as e:  # "No such command 'runn'. Did you mean 'run'?"
-            raise click.ClickException(
-                f"{e.format_message()} (see '{ctx.command_path} --help')"
-            ) from None
+            raise one_line(e, ctx.command_path) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         if ctx.parent is not None:  # a nested group: the top one handles Ctrl-C

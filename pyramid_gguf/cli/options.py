@@ -25,6 +25,15 @@ LOAD = LoadConfig()
 SAMPLING = SamplingConfig()
 
 
+def one_line(e: click.UsageError, path: str) -> click.ClickException:
+    """Click's usage error as our one ``Error:`` line, pointing at ``path``'s help."""
+    return click.ClickException(f"{e.format_message()} (see '{path} --help')")
+
+
+def command_path(parent: click.Context | None, info_name: str | None) -> str:
+    return " ".join(filter(None, [parent.command_path if parent else "", info_name]))
+
+
 class PyramidCommand(click.Command):
     """A click command whose bad input is one ``Error:`` line and exit status 1.
 
@@ -43,8 +52,7 @@ class PyramidCommand(click.Command):
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as e:
-            name = " ".join(filter(None, [parent.command_path if parent else "", info_name]))
-            raise click.ClickException(f"{e.format_message()} (see '{name} --help')") from None
+            raise one_line(e, command_path(parent, info_name)) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

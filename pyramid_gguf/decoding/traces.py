@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..files import load_json
 
 TRACE_VERSION = 1
 
@@ -171,9 +172,4 @@ class TraceSet:
     @classmethod
     def load(cls, path: Path) -> TraceSet:
         """Read a trace file (a one-line :class:`UserError` when it is missing or not one)."""
-        try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except OSError as e:
-            raise UserError(f"cannot read traces {path}: {e.strerror}") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path} is not a pyramid-gguf trace file ({e})") from None
+        return load_json(path, "pyramid-gguf trace file", cls.from_dict)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..decoding.costs import CostCurve
 from ..errors import UserError
+from ..files import load_json
 from ..models.memory import ModelMemory
 from ..models.planner import placement
 
@@ -130,12 +131,8 @@ class DeviceProfile:
 
     @classmethod
     def load(cls, path: Path) -> DeviceProfile:
-        try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except OSError as e:
-            raise UserError(f"cannot read device profile {path}: {e.strerror}") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path} is not a device profile ({e})") from None
+        """Read a profile (a one-line :class:`UserError` when it is missing or not one)."""
+        return load_json(path, "device profile", cls.from_dict)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
