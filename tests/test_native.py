@@ -114,3 +114,47 @@ def test_truncated_gguf_fails_to_load_cleanly(tmp_path: Path, tiny_target: Path)
     cut.write_bytes(tiny_target.read_bytes()[:50_000])
     with pytest.raises(ModelFileError, match="could not load"):
         NativeModel(cut, LoadConfig(n_threads=1, n_threads_batch=1))
+
+
+@pytest.mark.parametrize(
+    ("interrupted_call", "freed"),
+    [
+        ("llama_model_get_vocab", ["model"]),  # inside ModelHandle, after the load
+        ("llama_get_memory", ["context", "model"]),  # inside ContextHandle, after its creation
+        ("llama_batch_init", ["context", "model"]),  # between the context and the batch
+        ("llama_model_is_recurrent", ["batch", "context", "model"]),  # late in NativeModel
+    ],
+)
+def test_an_interrupted_load_frees_what_it_made_context_first(
+    tiny_target: Path,
+    tiny_load: LoadConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    interrupted_call: str,
+    freed: list[str],
+) -> None:
+    """A Ctrl-C lands at the first line of Python after a native call: wherever it lands in
+    a load, each native object is freed once, the context before its model
+    (``~llama_context`` reads the model: freeing it first corrupted the heap)."""
+    import gc
+
+    import llama_cpp
+
+    log: list[str] = []
+    for name, what in (
+        ("llama_batch_free", "batch"),
+        ("llama_free", "context"),
+        ("llama_model_free", "model"),
+    ):
+        real = getattr(llama_cpp, name)
+        monkeypatch.setattr(
+            llama_cpp, name, lambda ptr, real=real, what=what: (log.append(what), real(ptr))[1]
+        )
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llama_cpp, interrupted_call, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        NativeModel(tiny_target, tiny_load)
+    gc.collect()
+    assert log == freed

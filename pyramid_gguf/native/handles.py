@@ -3,6 +3,11 @@
 :class:`ModelHandle` owns a ``llama_model``, :class:`ContextHandle` a ``llama_context``,
 :class:`BatchHandle` a ``llama_batch`` (llama-cpp-python's ``_internals`` layering). Each
 frees its pointer in :meth:`close` (idempotent) and, as a last resort, when collected.
+
+A context must be freed before its model (``~llama_context`` reads the model), whatever
+interrupts a construction: a Ctrl-C lands at the first line of Python after a native call.
+So each constructor frees what it made if it does not return, and a context holds its model,
+so that collection can never free the model first.
 """
 
 from __future__ import annotations
@@ -36,14 +41,19 @@ class ModelHandle:
         #: What the tensor overrides point into, kept as long as the model.
         self._overrides = self.placement.apply(params)
         with captured_log() as log:
-            ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-        #: MiB of weights per llama.cpp buffer type, as the load reported them.
-        self.weight_buffers = parse_buffer_sizes(log)
-        if not ptr:
-            raise ModelFileError(f"llama.cpp could not load {path} (truncated or corrupt GGUF?)")
-        self.ptr = ptr
-        self.vocab_ptr = llama_cpp.llama_model_get_vocab(ptr)
-        self._meta: dict[str, str] | None = None
+            self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        try:
+            #: MiB of weights per llama.cpp buffer type, as the load reported them.
+            self.weight_buffers = parse_buffer_sizes(log)
+            if not self.ptr:
+                raise ModelFileError(
+                    f"llama.cpp could not load {path} (truncated or corrupt GGUF?)"
+                )
+            self.vocab_ptr = llama_cpp.llama_model_get_vocab(self.ptr)
+            self._meta: dict[str, str] | None = None
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self.ptr:
@@ -94,6 +104,8 @@ class ContextHandle:
 
     def __init__(self, model: ModelHandle, cfg: LoadConfig) -> None:
         self.ptr: Any = None
+        #: Held so that the model outlives this context, even in garbage collection.
+        self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = cfg.n_ctx
         params.n_batch = cfg.n_batch
@@ -110,16 +122,19 @@ class ContextHandle:
             True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
             False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
         }[cfg.flash_attn]
-        ptr = llama_cpp.llama_init_from_model(model.ptr, params)
-        if not ptr:
-            raise UserError(
-                f"llama.cpp could not create a context for {model.path.name} "
-                f"(n_ctx={cfg.n_ctx}; out of memory or unsupported KV cache type?)"
-            )
-        self.ptr = ptr
-        self.memory = llama_cpp.llama_get_memory(ptr)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
-        self.n_batch = int(llama_cpp.llama_n_batch(ptr))
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        try:
+            if not self.ptr:
+                raise UserError(
+                    f"llama.cpp could not create a context for {model.path.name} "
+                    f"(n_ctx={cfg.n_ctx}; out of memory or unsupported KV cache type?)"
+                )
+            self.memory = llama_cpp.llama_get_memory(self.ptr)
+            self.n_ctx = int(llama_cpp.llama_n_ctx(self.ptr))
+            self.n_batch = int(llama_cpp.llama_n_batch(self.ptr))
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self.ptr:

@@ -46,31 +46,35 @@ class NativeModel:
         self._model = ModelHandle(self.path, self.cfg)
         try:
             self._ctx = ContextHandle(self._model, self.cfg)
-        except BaseException:
-            self._model.close()
+            self._batch = BatchHandle(self._ctx.n_batch)
+            #: How the weights were placed (llama.cpp's extra buffer types, CPU_REPACK overrides).
+            self.placement = self._model.placement
+            #: MiB of weights per llama.cpp buffer type (``CPU_REPACK``, ``CPU_Mapped``...).
+            self.weight_buffers = self._model.weight_buffers
+            self.vocab = Vocab(self._model.vocab_ptr)
+            self.n_vocab = self.vocab.n_vocab
+            self.n_ctx = self._ctx.n_ctx
+            self.n_batch = self._ctx.n_batch
+            reason = "forced" if self.cfg.force_snapshot_rollback else self._model.cache_kind()
+            self._rollback = SequenceRollback(
+                self._ctx.ptr, self._ctx.memory, reason, self.path.name
+            )
+            #: Tokens the KV cache holds, in order.
+            self.tokens: list[int] = []
+            self.timer = EvalTimer()
+        except BaseException:  # a Ctrl-C too: nothing half-made is left to the collector
+            self.close()
             raise
-        self._batch = BatchHandle(self._ctx.n_batch)
-        #: How the weights were placed (llama.cpp's extra buffer types, CPU_REPACK overrides).
-        self.placement = self._model.placement
-        #: MiB of weights per llama.cpp buffer type (``CPU_REPACK``, ``CPU_Mapped``, ``AMX``...).
-        self.weight_buffers = self._model.weight_buffers
-        self.vocab = Vocab(self._model.vocab_ptr)
-        self.n_vocab = self.vocab.n_vocab
-        self.n_ctx = self._ctx.n_ctx
-        self.n_batch = self._ctx.n_batch
-        reason = "forced" if self.cfg.force_snapshot_rollback else self._model.cache_kind()
-        self._rollback = SequenceRollback(self._ctx.ptr, self._ctx.memory, reason, self.path.name)
-        #: Tokens the KV cache holds, in order.
-        self.tokens: list[int] = []
-        self.timer = EvalTimer()
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the batch, context and model (idempotent)."""
-        self._batch.close()
-        self._ctx.close()
-        self._model.close()
+        """Free the batch, context and model, in that order, as far as they were made
+        (idempotent)."""
+        for name in ("_batch", "_ctx", "_model"):
+            handle = getattr(self, name, None)
+            if handle is not None:
+                handle.close()
 
     def __enter__(self) -> NativeModel:
         return self
@@ -79,8 +83,7 @@ class NativeModel:
         self.close()
 
     def __del__(self) -> None:  # context before model, whatever the collection order
-        if hasattr(self, "_batch"):
-            self.close()
+        self.close()
 
     # --- evaluation --------------------------------------------------------------------------
 
