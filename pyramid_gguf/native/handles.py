@@ -4,10 +4,12 @@
 :class:`BatchHandle` a ``llama_batch`` (llama-cpp-python's ``_internals`` layering). Each
 frees its pointer in :meth:`close` (idempotent) and, as a last resort, when collected.
 
-A context must be freed before its model (``~llama_context`` reads the model), whatever
-interrupts a construction: a Ctrl-C lands at the first line of Python after a native call.
-So each constructor frees what it made if it does not return, and a context holds its model,
-so that collection can never free the model first.
+A context must be freed before its model (``~llama_context`` reads the model), in whatever
+order the garbage collector finalizes them: in a reference cycle (a traceback's frames holding
+a half-used model after a Ctrl-C) it calls every ``__del__`` in no set order. So a model owns
+its contexts and frees them first. A Ctrl-C lands at the first line of Python after a native
+call: so each constructor frees what it made if it does not return, and :meth:`close` forgets
+a pointer before freeing it (an interrupt there leaks it, never frees it twice).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class ModelHandle:
         self.placement = plan_placement(path, cfg)
         #: What the tensor overrides point into, kept as long as the model.
         self._overrides = self.placement.apply(params)
+        #: Contexts made from this model, freed before it.
+        self.contexts: list[ContextHandle] = []
         with captured_log() as log:
             self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         try:
@@ -56,9 +60,13 @@ class ModelHandle:
             raise
 
     def close(self) -> None:
-        if self.ptr:
-            llama_cpp.llama_model_free(self.ptr)
-            self.ptr = None
+        """Free the model, its contexts first (idempotent)."""
+        for context in self.contexts:
+            context.close()
+        self.contexts.clear()
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            llama_cpp.llama_model_free(ptr)
 
     def __del__(self) -> None:
         if getattr(self, "ptr", None):
@@ -100,12 +108,11 @@ class ModelHandle:
 
 
 class ContextHandle:
-    """A ``llama_context`` with one sequence, created from a model and a :class:`LoadConfig`."""
+    """A ``llama_context`` with one sequence, created from a model and a :class:`LoadConfig`
+    (and registered with the model, which frees it first)."""
 
     def __init__(self, model: ModelHandle, cfg: LoadConfig) -> None:
         self.ptr: Any = None
-        #: Held so that the model outlives this context, even in garbage collection.
-        self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = cfg.n_ctx
         params.n_batch = cfg.n_batch
@@ -123,6 +130,7 @@ class ContextHandle:
             False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
         }[cfg.flash_attn]
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        model.contexts.append(self)
         try:
             if not self.ptr:
                 raise UserError(
@@ -137,9 +145,9 @@ class ContextHandle:
             raise
 
     def close(self) -> None:
-        if self.ptr:
-            llama_cpp.llama_free(self.ptr)
-            self.ptr = None
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            llama_cpp.llama_free(ptr)
 
     def __del__(self) -> None:
         if getattr(self, "ptr", None):
@@ -168,9 +176,9 @@ class BatchHandle:
         b.n_tokens = len(tokens)
 
     def close(self) -> None:
-        if self.ptr is not None:
-            llama_cpp.llama_batch_free(self.ptr)
-            self.ptr = None
+        ptr, self.ptr = self.ptr, None
+        if ptr is not None:
+            llama_cpp.llama_batch_free(ptr)
 
     def __del__(self) -> None:
         if getattr(self, "ptr", None) is not None:
