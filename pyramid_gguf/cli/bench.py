@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,13 @@ def prompts_from(params: dict[str, Any]) -> list[BenchPrompt]:
     show_default=True,
     help="Seconds per HumanEval test program before it is killed.",
 )
+@click.option(
+    "--quality/--no-quality",
+    default=None,
+    help="After the run, score every answer under the target, teacher-forced: the share of "
+    "emitted tokens that are its argmax, and their mean negative log-probability "
+    "[default: when a lossy mode runs].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the table.")
 @click.option(
     "--csv",
@@ -190,6 +198,7 @@ def bench(**params: Any) -> None:
     pyramid-gguf bench --modes sd,psd-exact --repeats 3
     pyramid-gguf bench -m big.gguf --draft ngram --prompts edit
     pyramid-gguf bench --modes psd-a --sweep tau_t=0.2,0.4,0.6 --plot tau.png
+    pyramid-gguf bench --modes fsd,psd-a --sweep tau_t=0.02,0.05 --humaneval 164 --plot q.png
     """
     sampling = sampling_config_from({**params, "stop": ()})
     prompts = prompts_from(params)
@@ -214,6 +223,9 @@ def bench(**params: Any) -> None:
 
     name = resolved.name
     auto = any(c.spec.info.auto for c in configs)
+    quality = params["quality"]
+    if quality is None:
+        quality = any(not c.spec.lossless for c in configs)
     with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=auto) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
@@ -228,6 +240,7 @@ def bench(**params: Any) -> None:
                 chat=params["chat"],
                 humaneval_problems=problems,
                 humaneval_timeout=params["humaneval_timeout"],
+                quality=quality,
                 progress=bar.update,
             )
     rows = aggregate(run)
@@ -248,11 +261,15 @@ def bench(**params: Any) -> None:
             raise UserError(f"cannot write {params['csv_path']}: {e.strerror or e}") from None
     if params["plot_path"]:
         from ..bench.plot import plot_bench
+        from ..bench.traces import cpu_name
 
+        he = f", HumanEval {len(problems)}" if problems else ""
         plot_bench(
             rows,
             params["plot_path"],
-            title=f"{name}: {len(prompts)} prompts, {params['repeats']} repeats",
+            title=f"{name}: {len(prompts)} prompts x {params['repeats']} repeats{he}, "
+            f"{sampling.max_tokens} tokens, temperature {sampling.temperature:g}\n"
+            f"{cpu_name()}, {args.load.n_threads} threads, {date.today().isoformat()}",
         )
 
 
