@@ -18,6 +18,7 @@ from ..bench.prompts import BenchPrompt, load_prompt_file, load_prompt_sets
 from ..bench.report import format_table, report, to_csv
 from ..bench.results import aggregate
 from ..bench.runner import run_bench, total_steps
+from ..bench.traces import cpu_name
 from ..config import SpecConfig
 from ..errors import UserError
 from ..ladder import TIERS
@@ -177,6 +178,13 @@ def prompts_from(params: dict[str, Any]) -> list[BenchPrompt]:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the table.")
 @click.option(
+    "--json-file",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the JSON report (per-problem HumanEval results included) to this file.",
+)
+@click.option(
     "--csv",
     "csv_path",
     type=click.Path(dir_okay=False),
@@ -249,11 +257,18 @@ def bench(**params: Any) -> None:
         "paths": {t: _text(resolved.paths.get(t)) for t in TIERS},
         "threads": args.load.n_threads,
         "sweeps": dict(sweeps),
+        "humaneval": len(problems),
+        "machine": cpu_name(),
+        "date": date.today().isoformat(),
+        "argv": sys.argv[1:],
     }
-    if params["as_json"]:
-        click.echo(json.dumps(report(run, rows, meta), indent=2))
-    else:
-        click.echo(format_table(rows))
+    doc = json.dumps(report(run, rows, meta), indent=2)
+    click.echo(doc if params["as_json"] else format_table(rows))
+    if params["json_path"]:
+        try:
+            Path(params["json_path"]).write_text(doc + "\n", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"cannot write {params['json_path']}: {e.strerror or e}") from None
     if params["csv_path"]:
         try:
             Path(params["csv_path"]).write_text(to_csv(rows), encoding="utf-8")
@@ -261,7 +276,6 @@ def bench(**params: Any) -> None:
             raise UserError(f"cannot write {params['csv_path']}: {e.strerror or e}") from None
     if params["plot_path"]:
         from ..bench.plot import plot_bench
-        from ..bench.traces import cpu_name
 
         he = f", HumanEval {len(problems)}" if problems else ""
         plot_bench(
