@@ -177,3 +177,30 @@ def test_default_thresholds_are_the_presets() -> None:
     demo = tomllib.loads(shipped)["presets"]["qwen2.5-coder-demo"]
     spec = SpecConfig()
     assert (demo["tau_q"], demo["tau_t"]) == (spec.tau_q, spec.tau_t)
+
+
+def test_cli_scores_lossy_sweeps_by_default(ladder_paths: LadderPaths, tmp_path: Path) -> None:
+    """A sweep with a lossy mode scores quality unless --no-quality; --json-file keeps the
+    report (with where and when it was measured) beside the table."""
+    from click.testing import CliRunner
+
+    from pyramid_gguf.cli.main import main
+
+    base = ["bench", "-m", str(ladder_paths.target), "--draft", str(ladder_paths.draft)]
+    base += ["-n", "8", "--repeats", "1", "--prompts", "code", "--limit", "1", "-t", "1"]
+    base += ["-c", "256", "--quiet", "--raw", "--no-warmup"]
+    out = CliRunner().invoke(
+        main,
+        [*base, "--modes", "fsd", "--sweep", "tau_t=0.1,10", "--json-file", str(tmp_path / "r")],
+    )
+    assert out.exit_code == 0, out.output
+    assert "top1" in out.stdout.splitlines()[0]
+    doc = json.loads((tmp_path / "r").read_text())
+    assert [r["argmax_share"] is not None for r in doc["rows"]] == [True, True, True]
+    assert len(doc["meta"]["date"]) == 10 and doc["meta"]["machine"]
+    assert isinstance(doc["meta"]["argv"], list)  # the command line (pytest's, here)
+    out = CliRunner().invoke(main, [*base, "--modes", "sd", "--json"])
+    assert out.exit_code == 0, out.output
+    assert all(r["argmax_share"] is None for r in json.loads(out.stdout)["rows"])
+    out = CliRunner().invoke(main, [*base, "--modes", "fsd", "--no-quality", "--json"])
+    assert all(r["argmax_share"] is None for r in json.loads(out.stdout)["rows"])
