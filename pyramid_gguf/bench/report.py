@@ -46,12 +46,20 @@ def _share_text(r: RowResult) -> str:
 
 
 def format_table(rows: Sequence[RowResult]) -> str:
-    """The human-readable table: one line per row."""
+    """The human-readable table: one line per row.
+
+    With HumanEval: ``pass@1`` and ``HE x`` (generation speed over the HumanEval answers,
+    relative to ``target``'s). With quality scored: ``top1`` (share of emitted tokens that were
+    the target's argmax) and ``nll`` (their mean negative log-probability under the target,
+    nats per token), over the prompt sets.
+    """
     he = any(r.humaneval_pass_at_1 is not None for r in rows)
+    scored = any(r.argmax_share is not None for r in rows)
     width = max([len("config"), *(len(r.label) for r in rows)])
     head = (
         f"{'config':<{width}} {'tok/s':>8} {'min-max':>13} {'speedup':>7} {'agree':>6} "
-        + (f"{'pass@1':>6} " if he else "")
+        + (f"{'pass@1':>6} {'HE x':>5} " if he else "")
+        + (f"{'top1':>6} {'nll':>6} " if scored else "")
         + f"{'RSS MiB':>8}  {'time % (d/q/t/py)':<20} acceptance (rate/mean accepted)"
     )
     lines = [head, "-" * len(head)]
@@ -62,14 +70,28 @@ def format_table(rows: Sequence[RowResult]) -> str:
             f"{r.agreement_positional:>6.2f} "
         )
         if he:
-            line += f"{r.humaneval_pass_at_1 if r.humaneval_pass_at_1 is not None else 0:>6.2f} "
+            line += f"{_num(r.humaneval_pass_at_1, 6, '.3f')} {_num(r.humaneval_speedup, 4, '.2f')}"
+            line += "x " if r.humaneval_speedup is not None else "  "
+        if scored:
+            line += f"{_num(r.argmax_share, 6, '.3f')} {_num(r.nll, 6, '.3f')} "
         line += f"{r.peak_rss_mib:>8.0f}  {_share_text(r):<20} {_stage_text(r)}"
         lines.append(line)
     lines.append(
         "tok/s: generation median over repeats (min-max); speedup: median / target median; "
         "agree: positional token agreement with target"
     )
+    if he:
+        lines.append("HE x: generation speed over the HumanEval answers / target's")
+    if scored:
+        lines.append(
+            "top1: share of emitted tokens that are the target's argmax; nll: their mean "
+            "negative log-probability under the target (nats/token); first pass, teacher-forced"
+        )
     return "\n".join(lines)
+
+
+def _num(value: float | None, width: int, fmt: str) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
 
 
 CSV_FIELDS = (
@@ -88,6 +110,11 @@ CSV_FIELDS = (
     "agreement_prefix",
     "agreement_positional",
     "humaneval_pass_at_1",
+    "humaneval_speedup",
+    "argmax_share",
+    "nll",
+    "humaneval_argmax_share",
+    "humaneval_nll",
     "peak_rss_mib",
     "time_share",
     "stages",
@@ -117,7 +144,17 @@ def to_csv(rows: Sequence[RowResult]) -> str:
                 round(max(r.speedup_repeats), 4),
                 round(r.agreement_prefix, 4),
                 round(r.agreement_positional, 4),
-                "" if r.humaneval_pass_at_1 is None else round(r.humaneval_pass_at_1, 4),
+                *(
+                    "" if v is None else round(v, 4)
+                    for v in (
+                        r.humaneval_pass_at_1,
+                        r.humaneval_speedup,
+                        r.argmax_share,
+                        r.nll,
+                        r.humaneval_argmax_share,
+                        r.humaneval_nll,
+                    )
+                ),
                 round(r.peak_rss_mib, 1),
                 ";".join(f"{k}={v:.4f}" for k, v in r.time_share.items()),
                 ";".join(

@@ -4,7 +4,9 @@ Generation tok/s per repeat (all prompts of a repeat pooled: tokens / seconds), 
 spread, the speedup against the ``target`` row of the same run (ratio of medians; per-repeat
 ratios give the spread), per-stage acceptance summed from the engine's stats, each tier's and
 the Python scheduler's share of wall time, agreement with the target's tokens, and HumanEval
-pass@1 when asked.
+pass@1 and generation speed when asked. Quality under the target (:mod:`.quality`), when
+scored: mean negative log-probability of the emitted tokens and their argmax share, over the
+prompt sets' first pass and over the HumanEval answers separately.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..decoding.stats import GenerationStats, StageStats
+from .quality import TokenQuality
 from .runner import BenchRun, Sample
 
 
@@ -77,6 +80,19 @@ class RowResult:
     peak_rss_mib: float
     humaneval_pass_at_1: float | None = None
     humaneval_n: int = 0
+    #: Task ids of the HumanEval problems passed, in problem order.
+    humaneval_passed: list[str] | None = None
+    #: Generation tok/s over every HumanEval answer (tokens / seconds), and its ratio to
+    #: ``target``'s in the same run.
+    humaneval_tps: float | None = None
+    humaneval_speedup: float | None = None
+    #: Target-scored quality (:mod:`.quality`) of the prompt sets' first pass: nats per
+    #: emitted token, and the share of emitted tokens that were the target's argmax.
+    nll: float | None = None
+    argmax_share: float | None = None
+    #: The same over the HumanEval answers.
+    humaneval_nll: float | None = None
+    humaneval_argmax_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -91,6 +107,16 @@ class RowResult:
         d["agreement_prefix"] = r4(self.agreement_prefix)
         d["agreement_positional"] = r4(self.agreement_positional)
         d["peak_rss_mib"] = round(self.peak_rss_mib, 1)
+        for key in (
+            "humaneval_tps",
+            "humaneval_speedup",
+            "nll",
+            "argmax_share",
+            "humaneval_nll",
+            "humaneval_argmax_share",
+        ):
+            if d[key] is not None:
+                d[key] = r4(d[key])
         return d
 
 
@@ -102,11 +128,26 @@ def _tps(samples: Iterable[Sample]) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
+def _quality(samples: Iterable[Sample]) -> TokenQuality | None:
+    """The scored samples' quality pooled over their tokens, or None when none was scored."""
+    scored = [s.quality for s in samples if s.quality is not None]
+    if not scored:
+        return None
+    out = TokenQuality()
+    for q in scored:
+        out.add(q)
+    return out
+
+
 def aggregate(run: BenchRun) -> list[RowResult]:
     """One :class:`RowResult` per config of ``run`` (row 0 is the target reference)."""
     by_row: dict[int, list[Sample]] = {}
     for s in run.samples:
         by_row.setdefault(s.row, []).append(s)
+    he_by_row: dict[int, list[Sample]] = {}
+    for s in run.humaneval_samples:
+        he_by_row.setdefault(s.row, []).append(s)
+    he_target_tps = _tps(he_by_row.get(0, []))
     reference = {s.prompt: s.token_ids for s in by_row.get(0, []) if s.repeat == 0}
     target_tps = [_tps(s for s in by_row.get(0, []) if s.repeat == r) for r in range(run.repeats)]
     target_median = statistics.median(target_tps)
@@ -134,6 +175,10 @@ def aggregate(run: BenchRun) -> list[RowResult]:
         share = {k: v / wall if wall > 0 else 0.0 for k, v in share.items()}
         agree = [agreement(reference.get(s.prompt, []), s.token_ids) for s in samples]
         he = run.humaneval.get(i)
+        he_samples = he_by_row.get(i, [])
+        he_tps = _tps(he_samples) if he_samples else None
+        quality = _quality(s for s in samples if s.repeat == 0)
+        he_quality = _quality(he_samples)
         rows.append(
             RowResult(
                 label=c.label,
@@ -155,6 +200,15 @@ def aggregate(run: BenchRun) -> list[RowResult]:
                 peak_rss_mib=run.peak_rss.get(i, 0.0),
                 humaneval_pass_at_1=(sum(r.passed for r in he) / len(he)) if he else None,
                 humaneval_n=len(he) if he else 0,
+                humaneval_passed=[r.task_id for r in he if r.passed] if he else None,
+                humaneval_tps=he_tps,
+                humaneval_speedup=(
+                    he_tps / he_target_tps if he_tps is not None and he_target_tps > 0 else None
+                ),
+                nll=quality.mean_nll if quality else None,
+                argmax_share=quality.argmax_share if quality else None,
+                humaneval_nll=he_quality.mean_nll if he_quality else None,
+                humaneval_argmax_share=he_quality.argmax_share if he_quality else None,
             )
         )
     return rows

@@ -1,8 +1,10 @@
 """Running a benchmark: every config row over every prompt, repeats interleaved.
 
-:func:`run_bench` runs repeat -> prompt -> row, so machine noise hits every row alike, and
-keeps each generation's tokens and :class:`~pyramid_gguf.decoding.stats.GenerationStats` as a
-:class:`Sample`; :mod:`.results` reduces them.
+:func:`run_bench` runs repeat -> prompt -> row, so machine noise hits every row alike, then
+each HumanEval problem under every row, and keeps each generation's tokens and
+:class:`~pyramid_gguf.decoding.stats.GenerationStats` as a :class:`Sample`; with ``quality``,
+the target then scores every answer teacher-forced (:mod:`.quality`), after all timing is
+done. :mod:`.results` reduces them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..decoding.stats import GenerationStats
 from ..errors import UserError
 from .grid import BenchConfig
 from .prompts import BenchPrompt
+from .quality import TokenQuality, score_answer
 
 
 @dataclass
@@ -31,6 +34,8 @@ class Sample:
     repeat: int
     token_ids: list[int]
     stats: GenerationStats
+    #: The answer scored under the target (``run_bench(quality=True)``), else None.
+    quality: TokenQuality | None = None
 
 
 @dataclass
@@ -44,6 +49,8 @@ class BenchRun:
     samples: list[Sample]
     peak_rss: dict[int, float]
     humaneval: dict[int, list[Any]] = field(default_factory=dict)
+    #: One per HumanEval problem and row (prompt ``humaneval/<task_id>``, repeat 0).
+    humaneval_samples: list[Sample] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -74,12 +81,15 @@ def run_bench(
     chat: bool | None = None,
     humaneval_problems: Sequence[dict[str, Any]] = (),
     humaneval_timeout: float = 10.0,
+    quality: bool = False,
     progress: Progress | None = None,
 ) -> BenchRun:
     """Run every config over every prompt ``repeats`` times, interleaved.
 
-    ``chat=None`` uses the target's chat template when it has one. ``progress(n)`` is called
-    after each generation.
+    ``chat=None`` uses the target's chat template when it has one. HumanEval problems run raw
+    (no chat template), every row on each problem in turn. ``quality``: afterwards, score the
+    first pass's answers and every HumanEval answer under the target (:mod:`.quality`).
+    ``progress(n)`` is called after each generation.
     """
     if repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {repeats}")
@@ -106,20 +116,36 @@ def run_bench(
                 if progress:
                     progress(1)
     he: dict[int, list[Any]] = {}
+    he_samples: list[Sample] = []
     if humaneval_problems:
         from .humaneval import STOP, check, truncate
 
         he_sampling = sampling.with_(stop=tuple(dict.fromkeys((*sampling.stop, *STOP))))
         for problem in humaneval_problems:
+            key = f"humaneval/{problem['task_id']}"
+            encoded[key] = pyramid.tokenize(problem["prompt"])
             for i, c in enumerate(configs):
-                done = pyramid.generate(problem["prompt"], he_sampling, c.spec)
+                done = pyramid.generate(encoded[key], he_sampling, c.spec)
+                he_samples.append(Sample(i, key, 0, list(done.token_ids), done.stats))
                 he.setdefault(i, []).append(
                     check(problem, truncate(done.text), timeout=humaneval_timeout)
                 )
                 if progress:
                     progress(1)
+    if quality:
+        target = pyramid.ladder.target
+        for s in [*(s for s in samples if s.repeat == 0), *he_samples]:
+            s.quality = score_answer(target, encoded[s.prompt], s.token_ids)
     return BenchRun(
-        list(configs), list(prompts), sampling, repeats, samples, peak, he, time.perf_counter() - t0
+        list(configs),
+        list(prompts),
+        sampling,
+        repeats,
+        samples,
+        peak,
+        he,
+        he_samples,
+        time.perf_counter() - t0,
     )
 
 

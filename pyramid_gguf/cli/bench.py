@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..bench.prompts import BenchPrompt, load_prompt_file, load_prompt_sets
 from ..bench.report import format_table, report, to_csv
 from ..bench.results import aggregate
 from ..bench.runner import run_bench, total_steps
+from ..bench.traces import cpu_name
 from ..config import SpecConfig
 from ..errors import UserError
 from ..ladder import TIERS
@@ -167,7 +169,21 @@ def prompts_from(params: dict[str, Any]) -> list[BenchPrompt]:
     show_default=True,
     help="Seconds per HumanEval test program before it is killed.",
 )
+@click.option(
+    "--quality/--no-quality",
+    default=None,
+    help="After the run, score every answer under the target, teacher-forced: the share of "
+    "emitted tokens that are its argmax, and their mean negative log-probability "
+    "[default: when a lossy mode runs].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the table.")
+@click.option(
+    "--json-file",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the JSON report (per-problem HumanEval results included) to this file.",
+)
 @click.option(
     "--csv",
     "csv_path",
@@ -190,6 +206,7 @@ def bench(**params: Any) -> None:
     pyramid-gguf bench --modes sd,psd-exact --repeats 3
     pyramid-gguf bench -m big.gguf --draft ngram --prompts edit
     pyramid-gguf bench --modes psd-a --sweep tau_t=0.2,0.4,0.6 --plot tau.png
+    pyramid-gguf bench --modes fsd,psd-a --sweep tau_t=0.02,0.05 --humaneval 164 --plot q.png
     """
     sampling = sampling_config_from({**params, "stop": ()})
     prompts = prompts_from(params)
@@ -214,6 +231,9 @@ def bench(**params: Any) -> None:
 
     name = resolved.name
     auto = any(c.spec.info.auto for c in configs)
+    quality = params["quality"]
+    if quality is None:
+        quality = any(not c.spec.lossless for c in configs)
     with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=auto) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
@@ -228,6 +248,7 @@ def bench(**params: Any) -> None:
                 chat=params["chat"],
                 humaneval_problems=problems,
                 humaneval_timeout=params["humaneval_timeout"],
+                quality=quality,
                 progress=bar.update,
             )
     rows = aggregate(run)
@@ -236,11 +257,18 @@ def bench(**params: Any) -> None:
         "paths": {t: _text(resolved.paths.get(t)) for t in TIERS},
         "threads": args.load.n_threads,
         "sweeps": dict(sweeps),
+        "humaneval": len(problems),
+        "machine": cpu_name(),
+        "date": date.today().isoformat(),
+        "argv": sys.argv[1:],
     }
-    if params["as_json"]:
-        click.echo(json.dumps(report(run, rows, meta), indent=2))
-    else:
-        click.echo(format_table(rows))
+    doc = json.dumps(report(run, rows, meta), indent=2)
+    click.echo(doc if params["as_json"] else format_table(rows))
+    if params["json_path"]:
+        try:
+            Path(params["json_path"]).write_text(doc + "\n", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"cannot write {params['json_path']}: {e.strerror or e}") from None
     if params["csv_path"]:
         try:
             Path(params["csv_path"]).write_text(to_csv(rows), encoding="utf-8")
@@ -249,10 +277,13 @@ def bench(**params: Any) -> None:
     if params["plot_path"]:
         from ..bench.plot import plot_bench
 
+        he = f", HumanEval {len(problems)}" if problems else ""
         plot_bench(
             rows,
             params["plot_path"],
-            title=f"{name}: {len(prompts)} prompts, {params['repeats']} repeats",
+            title=f"{name}: {len(prompts)} prompts x {params['repeats']} repeats{he}, "
+            f"{sampling.max_tokens} tokens, temperature {sampling.temperature:g}\n"
+            f"{cpu_name()}, {args.load.n_threads} threads, {date.today().isoformat()}",
         )
 
 

@@ -80,6 +80,15 @@ class AutoRounds:
         self.costs = costs
         self.runner = Runner(ladder, sampler, stats)
         self.chains = {c.name: c for c in ladder_chains(ladder.shape, spec)}
+        #: Each lossy chain's fuzzy stages, as ``-v`` names them.
+        self.lossy = {
+            c.name: ", ".join(
+                f"{s.name} {s.rule.divergence} <= {s.rule.tau:g}"
+                for s in c.stages
+                if not s.rule.lossless
+            )
+            for c in self.chains.values()
+        }
         self.ngram = self.chains[NGRAM_TIER]
         #: Chains drafted by models, in the ladder's order (each model drafting, the pyramid).
         self.model_chains = [
@@ -173,7 +182,7 @@ class AutoRounds:
                 self.auto.outlook[name] = pick.best.rate / base.rate
         new, proposed = self._execute(choice, committed, match)
         self.rounds += 1
-        self.auto.record(choice.chain, proposed, len(new))
+        self.auto.record(choice.chain, proposed, len(new), self.lossy[choice.chain])
         if choice is not base:  # what this round saved (or lost) against plain decoding
             self.ledger.round(choice, len(new), base)
         self.auto.savings = self.ledger.savings

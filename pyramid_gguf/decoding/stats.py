@@ -86,6 +86,8 @@ class ChoiceStats:
     #: Tokens proposed to the target over those rounds, and tokens they committed.
     proposed: int = 0
     committed: int = 0
+    #: The chain's fuzzy stages (``draft->target js <= 0.05``) when it is lossy, else empty.
+    lossy: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +95,7 @@ class ChoiceStats:
             "rounds": self.rounds,
             "proposed": self.proposed,
             "committed": self.committed,
+            "lossy": self.lossy,
         }
 
 
@@ -115,8 +118,9 @@ class AutoStats:
     shadow_credit: float = 0.0
     unfunded: int = 0
 
-    def record(self, chain: str, proposed: int, committed: int) -> None:
-        c = self.choices.setdefault(chain, ChoiceStats(chain))
+    def record(self, chain: str, proposed: int, committed: int, lossy: str = "") -> None:
+        """One round of ``chain``; ``lossy`` names its fuzzy stages when it has any."""
+        c = self.choices.setdefault(chain, ChoiceStats(chain, lossy=lossy))
         c.rounds += 1
         c.proposed += proposed
         c.committed += committed
@@ -137,6 +141,13 @@ class AutoStats:
             lines.append(
                 f"auto: {c.chain}: {c.rounds} rounds, {c.proposed} proposed, "
                 f"{c.committed} committed ({per_round:.2f} per round)"
+                + (f", LOSSY ({c.lossy})" if c.lossy else "")
+            )
+        lossy = sum(c.rounds for c in self.choices.values() if c.lossy)
+        if lossy:
+            lines.append(
+                f"auto: {lossy} rounds ran a lossy chain (--allow-lossy): this answer may differ "
+                "from the target's"
             )
         outlook = ", ".join(
             f"{k} {v:.2f}x" for k, v in sorted(self.outlook.items(), key=lambda kv: -kv[1])
