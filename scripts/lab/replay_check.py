@@ -4,7 +4,9 @@ For every trace of a trace file (``pyramid-gguf traces``) and every mode, it gen
 on the real ladder (greedy, the trace's answer length, as ``bench`` runs it, modes interleaved
 per prompt) and replays the trace through the same mode's rounds priced by this machine's cost
 curves (``calibrate``, measured fresh at the start). It prints generated tokens per second per
-prompt set, measured and predicted, and their ratio::
+prompt set, measured and predicted, their ratio, and how many generations wrote exactly the
+trace's answer (a replay prices the trace's text: where a floating-point near-tie sends the
+engine's text elsewhere, the two price different answers)::
 
     python scripts/lab/replay_check.py traces.json [--modes target,sd,psd-exact,auto] \\
         [--sets code,edit] [--limit 2] [--repeats 1] [-t 2] [--json out.json]
@@ -51,6 +53,8 @@ def main() -> None:
     modes = args.modes.split(",")
     load = LoadConfig(n_threads=args.threads, n_threads_batch=args.threads)
     measured: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    #: Per set and mode: generations whose tokens are the trace's answer, of all generations.
+    same: dict[tuple[str, str], list[bool]] = {}
     predicted: dict[tuple[str, str], list[tuple[int, float]]] = {}
     with Pyramid.load(resolve_preset(args.preset).paths, load=load) as p:
         p.calibrate(refresh=True, say=print)
@@ -65,6 +69,9 @@ def main() -> None:
                     measured.setdefault((t.set, mode), []).append(
                         (s.generated_tokens, s.generation_seconds)
                     )
+                    same.setdefault((t.set, mode), []).append(
+                        list(done.token_ids) == list(t.answer)
+                    )
         for t in chosen:
             for mode in modes:
                 r = replay_trace(t, costs, SpecConfig(mode=mode))  # type: ignore[arg-type]
@@ -73,12 +80,18 @@ def main() -> None:
     def tps(rows: list[tuple[int, float]]) -> float:
         return sum(n for n, _ in rows) / sum(s for _, s in rows)
 
-    print(f"\n{'set':<10} {'mode':<10} {'measured':>9} {'predicted':>9} {'ratio':>7}  (tok/s)")
+    print(
+        f"\n{'set':<10} {'mode':<10} {'measured':>9} {'predicted':>9} {'ratio':>7}  "
+        "trace's text  (tok/s)"
+    )
     out = []
     for key in measured:
         m, q = tps(measured[key]), tps(predicted[key])
-        out.append({"set": key[0], "mode": key[1], "measured": m, "predicted": q})
-        print(f"{key[0]:<10} {key[1]:<10} {m:>9.2f} {q:>9.2f} {q / m:>6.3f}x")
+        kept = f"{sum(same[key])}/{len(same[key])}"
+        out.append(
+            {"set": key[0], "mode": key[1], "measured": m, "predicted": q, "trace_text": kept}
+        )
+        print(f"{key[0]:<10} {key[1]:<10} {m:>9.2f} {q:>9.2f} {q / m:>6.3f}x  {kept:>12}")
     ratios = [abs(r["predicted"] / r["measured"] - 1) for r in out]
     print(f"largest error {max(ratios):.1%}, median {statistics.median(ratios):.1%}")
     if args.json:
