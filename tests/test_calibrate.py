@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -37,6 +39,42 @@ def test_measured_curve_is_complete_and_monotone(tiny_target: Path) -> None:
         assert len(curve.seconds) == MAX_N
         assert all(b >= a > 0 for a, b in zip(curve.seconds, curve.seconds[1:], strict=False))
         assert m.n_past == 0  # the cache is left empty
+
+
+class _SlowSpell:
+    """A model whose evaluation of ``n`` tokens takes ``n`` ms on a fake clock, ten times as
+    long over six evaluations in a row (a neighbour's burst on a shared machine)."""
+
+    n_vocab = 1000
+
+    def __init__(self, slow_from: int) -> None:
+        self.clock = 0.0
+        self.evals = 0
+        self.slow = range(slow_from, slow_from + 6)
+
+    def reset(self) -> None:
+        pass
+
+    def rollback(self, n_past: int) -> None:
+        pass
+
+    def eval(self, tokens: list[int], rows: object = ()) -> None:
+        self.evals += 1
+        self.clock += len(tokens) * 1e-3 * (10 if self.evals in self.slow else 1)
+
+
+@pytest.mark.parametrize("slow_from", [3, 9, 20])
+def test_a_slow_spell_does_not_bend_the_curve(
+    slow_from: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever six consecutive timings a burst slows, every size keeps a fast timing: the
+    curve is the model's own, n ms for n tokens."""
+    from pyramid_gguf.decoding import calibrate as module
+
+    model = _SlowSpell(slow_from)
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: model.clock))
+    curve = measure_curve(cast(Any, model))
+    assert curve.seconds == pytest.approx([n * 1e-3 for n in range(1, MAX_N + 1)])
 
 
 def test_identity_probe_finds_what_the_kernels_keep(tiny_target: Path) -> None:

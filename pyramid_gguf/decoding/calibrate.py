@@ -5,8 +5,10 @@
 load settings (threads, offload, KV types, the weights' buffer types), else measures one (about
 a second per tier on a CPU) and stores it. ``refresh`` measures again (``pyramid-gguf calibrate``).
 
-- :func:`measure_curve`: best-of-``repeats`` time of one evaluation of ``n`` tokens after a
-  short prefix, all ``n`` logits rows read, as a verification reads them.
+- :func:`measure_curve`: the fastest of ``repeats`` timings of one evaluation of ``n`` tokens
+  after a short prefix, all ``n`` logits rows read, as a verification reads them; the sizes
+  are timed in interleaved rounds, so a slow spell of a shared machine costs one round its
+  timings, never every timing of one size.
 - :func:`probe_identity`: the largest batch whose logits rows are bit-identical to evaluating
   the same tokens one at a time (``--strict-identity`` splits verifications into such batches).
 """
@@ -32,8 +34,10 @@ from .tiers import ModelTier
 #: Batch sizes timed; the others up to :data:`MAX_N` are interpolated.
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 MAX_N = 16
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 PREFIX = 48
+#: Rounds over :data:`SIZES` (each size's fastest round is kept).
+REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -59,25 +63,24 @@ def measure_curve(
     model: NativeModel,
     *,
     sizes: tuple[int, ...] = SIZES,
-    repeats: int = 2,
+    repeats: int = REPEATS,
     prefix: int = PREFIX,
 ) -> CostCurve:
     """Seconds of one evaluation of ``n`` tokens for ``n`` up to ``max(sizes)``, timed at
-    ``sizes`` and interpolated between them (the cache is emptied after)."""
+    ``sizes`` (``repeats`` rounds over all of them, the fastest per size) and interpolated
+    between them (the cache is emptied after)."""
     prefix_tokens = _tokens(model, prefix, seed=1)
     batch = _tokens(model, max(sizes), seed=2)
     model.reset()
     model.eval(prefix_tokens)
     model.eval(batch[:4], range(4))  # warm-up: weights paged in, buffers allocated
-    timed: dict[int, float] = {}
-    for n in sizes:
-        best = float("inf")
-        for _ in range(repeats):
+    timed = dict.fromkeys(sizes, float("inf"))
+    for _ in range(repeats):
+        for n in sizes:
             model.rollback(prefix)
             t0 = time.perf_counter()
             model.eval(batch[:n], range(n))
-            best = min(best, time.perf_counter() - t0)
-        timed[n] = best
+            timed[n] = min(timed[n], time.perf_counter() - t0)
     model.reset()
     xs = sorted(timed)
     seconds = np.interp(range(1, max(sizes) + 1), xs, [timed[x] for x in xs])
