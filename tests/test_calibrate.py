@@ -67,8 +67,8 @@ class _SlowSpell:
 def test_a_slow_spell_does_not_bend_the_curve(
     slow_from: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Whichever six consecutive timings a burst slows, every size keeps a fast timing: the
-    curve is the model's own, n ms for n tokens."""
+    """Whichever six consecutive timings a burst slows, it slows one round of a size at most,
+    and the median round is fast: the curve is the model's own, n ms for n tokens."""
     from pyramid_gguf.decoding import calibrate as module
 
     model = _SlowSpell(slow_from)

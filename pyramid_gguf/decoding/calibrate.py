@@ -5,10 +5,11 @@
 load settings (threads, offload, KV types, the weights' buffer types), else measures one (about
 a second per tier on a CPU) and stores it. ``refresh`` measures again (``pyramid-gguf calibrate``).
 
-- :func:`measure_curve`: the fastest of ``repeats`` timings of one evaluation of ``n`` tokens
+- :func:`measure_curve`: the median of ``repeats`` timings of one evaluation of ``n`` tokens
   after a short prefix, all ``n`` logits rows read, as a verification reads them; the sizes
-  are timed in interleaved rounds, so a slow spell of a shared machine costs one round its
-  timings, never every timing of one size.
+  are timed in interleaved rounds, so a slow spell of a shared machine spoils one round's
+  timings, never most timings of one size (and the median, unlike the fastest, is the cost a
+  generation typically pays).
 - :func:`probe_identity`: the largest batch whose logits rows are bit-identical to evaluating
   the same tokens one at a time (``--strict-identity`` splits verifications into such batches).
 """
@@ -36,7 +37,7 @@ SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 MAX_N = 16
 CACHE_VERSION = 2
 PREFIX = 48
-#: Rounds over :data:`SIZES` (each size's fastest round is kept).
+#: Rounds over :data:`SIZES` (each size keeps its median round).
 REPEATS = 3
 
 
@@ -67,20 +68,21 @@ def measure_curve(
     prefix: int = PREFIX,
 ) -> CostCurve:
     """Seconds of one evaluation of ``n`` tokens for ``n`` up to ``max(sizes)``, timed at
-    ``sizes`` (``repeats`` rounds over all of them, the fastest per size) and interpolated
+    ``sizes`` (``repeats`` rounds over all of them, the median per size) and interpolated
     between them (the cache is emptied after)."""
     prefix_tokens = _tokens(model, prefix, seed=1)
     batch = _tokens(model, max(sizes), seed=2)
     model.reset()
     model.eval(prefix_tokens)
     model.eval(batch[:4], range(4))  # warm-up: weights paged in, buffers allocated
-    timed = dict.fromkeys(sizes, float("inf"))
+    rounds: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):
         for n in sizes:
             model.rollback(prefix)
             t0 = time.perf_counter()
             model.eval(batch[:n], range(n))
-            timed[n] = min(timed[n], time.perf_counter() - t0)
+            rounds[n].append(time.perf_counter() - t0)
+    timed = {n: float(np.median(r)) for n, r in rounds.items()}
     model.reset()
     xs = sorted(timed)
     seconds = np.interp(range(1, max(sizes) + 1), xs, [timed[x] for x in xs])
