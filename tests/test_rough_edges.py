@@ -194,6 +194,38 @@ def test_tune_fails_before_measuring(
     one_error_line(code, err, f"cannot write the tuned config to {home_is_a_file}/tuned")
 
 
+@pytest.mark.parametrize(
+    ("command", "flag", "what"),
+    [
+        ("bench", "--csv", "CSV"),
+        ("bench", "--json-file", "report"),
+        ("bench", "--plot", "plot"),
+        ("traces", "-o", "trace file"),
+    ],
+)
+def test_an_output_that_cannot_be_written_fails_before_the_run(
+    tiny_target: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    flag: str,
+    what: str,
+) -> None:
+    """A long run writes these at its end: a path under a file fails first, in one line."""
+    from pyramid_gguf.cli import bench, traces
+
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ran for a result it cannot write")
+
+    for module in (bench, traces):
+        monkeypatch.setattr(module, "load_pyramid", no_loading)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "out.x"
+    code, _, err = invoke(command, "--target", str(tiny_target), "-t", "1", flag, str(out))
+    one_error_line(code, err, f"cannot write {what} {out}")
+
+
 def test_pull_fails_at_once(
     tmp_path: Path, home_is_a_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

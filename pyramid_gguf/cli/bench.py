@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import click
@@ -21,6 +20,7 @@ from ..bench.runner import run_bench, total_steps
 from ..bench.traces import cpu_name
 from ..config import SpecConfig
 from ..errors import UserError
+from ..files import check_output, write_text
 from ..ladder import TIERS
 from ..modes import modes_for
 from .ladders import load_pyramid, resolve_ladder
@@ -226,6 +226,10 @@ def bench(**params: Any) -> None:
         from ..bench.humaneval import load_problems
 
         problems = load_problems(params["humaneval_n"])
+    outputs = {"json_path": "report", "csv_path": "CSV", "plot_path": "plot"}
+    for key, what in outputs.items():  # written at the end: fail before the long run
+        if params[key]:
+            check_output(params[key], what)
     if params["plot_path"]:
         import matplotlib  # noqa: F401  (fail before the long run if it is missing)
 
@@ -265,15 +269,9 @@ def bench(**params: Any) -> None:
     doc = json.dumps(report(run, rows, meta), indent=2)
     click.echo(doc if params["as_json"] else format_table(rows))
     if params["json_path"]:
-        try:
-            Path(params["json_path"]).write_text(doc + "\n", encoding="utf-8")
-        except OSError as e:
-            raise UserError(f"cannot write {params['json_path']}: {e.strerror or e}") from None
+        write_text(params["json_path"], doc + "\n", outputs["json_path"])
     if params["csv_path"]:
-        try:
-            Path(params["csv_path"]).write_text(to_csv(rows), encoding="utf-8")
-        except OSError as e:
-            raise UserError(f"cannot write {params['csv_path']}: {e.strerror or e}") from None
+        write_text(params["csv_path"], to_csv(rows), outputs["csv_path"])
     if params["plot_path"]:
         from ..bench.plot import plot_bench
 

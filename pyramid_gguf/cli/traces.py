@@ -15,6 +15,7 @@ import click
 
 from ..bench.traces import record_traces
 from ..config import SamplingConfig, SpecConfig, cache_home
+from ..files import check_output
 from .bench import prompt_options, prompts_from
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options
@@ -48,6 +49,7 @@ def traces(max_tokens: int, temperature: float, output: Path | None, **params: A
     args = LadderArgs.from_params(params)
     resolved = resolve_ladder(args)
     say = lambda m: click.echo(m, err=True)  # noqa: E731
+    path = check_output(output or cache_home() / "traces" / f"{resolved.name}.json", "trace file")
     with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=True) as pyramid:
         result = record_traces(
             pyramid,
@@ -58,6 +60,5 @@ def traces(max_tokens: int, temperature: float, output: Path | None, **params: A
             ladder=resolved.name,
             say=say,
         )
-    path = output or cache_home() / "traces" / f"{resolved.name}.json"
     result.save(path)
     click.echo(str(path))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..files import load_json
+from ..files import load_json, write_text
 
 TRACE_VERSION = 1
 
@@ -166,8 +166,8 @@ class TraceSet:
         )
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
+        """Write the trace file (a one-line :class:`UserError` when it cannot be written)."""
+        write_text(path, json.dumps(self.to_dict(), separators=(",", ":")) + "\n", "trace file")
 
     @classmethod
     def load(cls, path: Path) -> TraceSet:
