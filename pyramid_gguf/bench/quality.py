@@ -17,7 +17,7 @@ fuzzy acceptances cost, on any text (prose included), without a task-specific gr
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +41,14 @@ class TokenQuality:
         self.tokens += other.tokens
         self.nll += other.nll
         self.argmax += other.argmax
+
+    @classmethod
+    def pooled(cls, parts: Iterable[TokenQuality]) -> TokenQuality:
+        """The sum of ``parts`` (no tokens when there are none)."""
+        out = cls()
+        for q in parts:
+            out.add(q)
+        return out
 
     @property
     def mean_nll(self) -> float:
@@ -87,8 +95,8 @@ def forced_chunks(
 
 def score_answer(tier: ModelTier, prompt: Sequence[int], answer: Sequence[int]) -> TokenQuality:
     """``answer`` (emitted after ``prompt``, which must not be empty) scored under ``tier``."""
-    out = TokenQuality()
-    if answer:
-        for rows, tokens in forced_chunks(tier, prompt, answer):
-            out.add(score_rows(rows, tokens))
-    return out
+    if not answer:
+        return TokenQuality()
+    return TokenQuality.pooled(
+        score_rows(rows, tokens) for rows, tokens in forced_chunks(tier, prompt, answer)
+    )

@@ -131,12 +131,7 @@ def _tps(samples: Iterable[Sample]) -> float:
 def _quality(samples: Iterable[Sample]) -> TokenQuality | None:
     """The scored samples' quality pooled over their tokens, or None when none was scored."""
     scored = [s.quality for s in samples if s.quality is not None]
-    if not scored:
-        return None
-    out = TokenQuality()
-    for q in scored:
-        out.add(q)
-    return out
+    return TokenQuality.pooled(scored) if scored else None
 
 
 def aggregate(run: BenchRun) -> list[RowResult]:

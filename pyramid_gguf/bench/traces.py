@@ -22,10 +22,8 @@ from ..decoding.tiers import ModelTier
 from ..decoding.traces import TierTrace, Trace, TraceSet
 from ..native import build_id
 from .prompts import BenchPrompt
+from .quality import forced_chunks
 from .runner import encode_prompt
-
-#: Answer rows read per teacher-forced batch (each row is ``n_vocab`` floats).
-ROWS_PER_BATCH = 32
 
 
 def cpu_name() -> str:
@@ -42,16 +40,9 @@ def cpu_name() -> str:
 
 def forced_rows(tier: ModelTier, prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
     """``tier``'s raw logits predicting each answer token after the prompt and the answer
-    before it, evaluated teacher-forced in batches: ``[len(answer), V]`` float32."""
-    model = tier.model
-    model.reset()
-    model.eval(prompt[:-1])
-    feed = [prompt[-1], *answer[:-1]]
-    parts = []
-    for i in range(0, len(feed), ROWS_PER_BATCH):
-        chunk = feed[i : i + ROWS_PER_BATCH]
-        parts.append(model.eval(chunk, range(len(chunk))))
-    model.reset()
+    before it, evaluated teacher-forced in batches (:func:`.quality.forced_chunks`):
+    ``[len(answer), V]`` float32."""
+    parts = [rows for rows, _ in forced_chunks(tier, prompt, answer)]
     return np.concatenate(parts) if parts else np.zeros((0, tier.n_vocab), dtype=np.float32)
 
 
