@@ -173,3 +173,62 @@ def test_exact_rule_output_is_distributed_as_the_verifier(k: int) -> None:
     assert chi_square_pvalue(np.array(firsts), p[0]) > 0.001
     # The proposer's distribution is clearly different, so the test has power:
     assert chi_square_pvalue(np.array(firsts), q[0]) < 1e-6
+
+
+def _fuzzy_every_row(
+    y: np.ndarray,
+    p: np.ndarray,
+    q: np.ndarray,
+    zp: np.ndarray,
+    zq: np.ndarray,
+    g: np.random.Generator,
+    tau: float,
+    divergence: str,
+    variant: str,
+) -> acceptance.StageOutcome:
+    """The rule as docs/ALGORITHMS.md writes it: every position's divergence, then the rule."""
+    k = len(y)
+    u = g.random(k)
+    close = acceptance.DIVERGENCE_FNS[divergence](zp[:k], zq) <= tau
+    if variant == "pure":
+        n = acceptance._first_false(close)
+        return acceptance.StageOutcome(n, acceptance.sample(p[n], g))
+    n = acceptance._first_false(close | acceptance._exact_accepts(y, p, q, u))
+    return acceptance.StageOutcome(n, acceptance._residual_or_bonus(n, y, p, q, g))
+
+
+@pytest.mark.parametrize("variant", ["reducible", "pure"])
+@pytest.mark.parametrize("divergence", ["js", "kl", "tv"])
+def test_fuzzy_scores_only_the_rows_that_decide_with_the_outcome_of_scoring_all(
+    variant: str, divergence: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows: list[int] = []
+    real = acceptance.DIVERGENCE_FNS[divergence]
+
+    def counted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        rows.append(len(a))
+        return real(a, b)
+
+    g = rng(11)
+    outcomes = set()
+    for trial in range(300):
+        k = int(g.integers(1, 7))
+        zp = g.normal(size=(k + 1, V)) * 3
+        zq = zp[:k] + g.normal(size=(k, V)) * g.choice([0.1, 1.0, 3.0])
+        p, q = probs(zp), probs(zq)
+        y = np.array([g.choice(V, p=row) for row in q])
+        tau = float(g.choice([0.01, 0.05, 0.2]))
+        want = _fuzzy_every_row(y, p, q, zp, zq, rng(trial), tau, divergence, variant)
+        refused = int(np.sum(~acceptance._exact_accepts(y, p, q, rng(trial).random(k))))
+        rows.clear()
+        with monkeypatch.context() as m:
+            m.setitem(acceptance.DIVERGENCE_FNS, divergence, counted)
+            got = fuzzy(
+                y, p, q, zp, zq, rng(trial), tau=tau, divergence=divergence, variant=variant
+            )
+        assert got == want
+        assert all(r == 1 for r in rows)  # one row per call
+        # reducible: only refused positions are scored; pure: at most up to the first far one
+        assert len(rows) <= (refused if variant == "reducible" else got.n_accepted + 1)
+        outcomes.add((got.n_accepted == k, got.n_accepted == 0))
+    assert len(outcomes) == 3  # all kept, none kept and partial blocks were all exercised

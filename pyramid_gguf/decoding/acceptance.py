@@ -158,20 +158,27 @@ def fuzzy(
     sample of ``p_i``. ``Div`` is computed on the temperature-1 softmax of raw logits
     (``[k+1, V]`` verifier, ``[k, V]`` proposer); a proposer with no logits (n-gram) has
     infinite divergence, so only the exact test can accept its tokens.
+
+    ``Div`` is computed one row at a time and only where it decides the outcome (``reducible``:
+    positions the exact test refuses, up to the first refusal it does not overturn; ``pure``:
+    up to the first position over the threshold): about one vocabulary pass per verification
+    instead of ``k``, with the outcome of computing every row.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     k = len(tokens)
     u = rng.random(k)
-    if tau < 0 or proposer_logits is None or k == 0:
-        close = np.zeros(k, dtype=bool)
-    else:
-        close = DIVERGENCE_FNS[divergence](verifier_logits[:k], proposer_logits[:k]) <= tau
+    fn = DIVERGENCE_FNS[divergence]
+
+    def close(i: int) -> bool:
+        if tau < 0 or proposer_logits is None:
+            return False
+        return bool(fn(verifier_logits[i : i + 1], proposer_logits[i : i + 1])[0] <= tau)
+
     if variant == "pure":
-        n = _first_false(close)
-        token = sample(p[n], rng)
-        return StageOutcome(n, token)
-    accept = close | _exact_accepts(tokens, p, q, u)
-    n = _first_false(accept)
+        n = next((i for i in range(k) if not close(i)), k)
+        return StageOutcome(n, sample(p[n], rng))
+    exact_ok = _exact_accepts(tokens, p, q, u)
+    n = next((i for i in range(k) if not exact_ok[i] and not close(i)), k)
     return StageOutcome(n, _residual_or_bonus(n, tokens, p, q, rng))
 
 
