@@ -216,7 +216,7 @@ class SpecConfig:
     ``tau_q`` / ``tau_t``: fuzzy thresholds of the stage ending at the qualifier / target;
     they only act in the fuzzy modes. Defaults calibrated on the default ladder (greedy, all
     164 HumanEval problems, 256 tokens): at 0.02 / 0.02 ``psd-a``, ``psd-f`` and ``fsd`` solve
-    at least what the target solves (target 84; psd-a 89, psd-f PSDF, fsd 87); ``tau_q`` 0.3
+    at least what the target solves (target 84; psd-a 89, psd-f 89, fsd 87); ``tau_q`` 0.3
     cost ``psd-f`` 8 problems; at the papers' ``tau_t`` 0.5 ``psd-a`` solved 7 of the first 12
     and ``fsd`` 1, against 9 (docs/ALGORITHMS.md, "Fuzzy thresholds"; docs/BENCHMARKS.md).
     ``p_min``: stop drafting when the draft's top probability (temperature-1 softmax) falls
