@@ -15,10 +15,15 @@ the target's chat template applied, as ``bench`` does), it measures over ``--rep
 
 It prints every prompt (tok/s of ``target``; the others as speedups over it; the best
 llama.cpp drafter on that prompt, and ``auto`` over it), then each set's geometric means.
-Every number comes from this one run: each repeat runs ours on every prompt, unloads it, then
-runs llama.cpp's drafters on every prompt (a process holding the same model file changes the
-other's speed, so the two are never loaded together). ``--json`` keeps everything: every
-repeat's tok/s, llama.cpp's drafted and kept token counts, the medians and ratios.
+Every number comes from this one run, and the two sides take turns per prompt: ours loads,
+decodes the prompt and unloads, then llama.cpp decodes it with each drafter; the next repeat
+runs llama.cpp's side first. A process holding the same model file changes the other's speed,
+so the two are never loaded together, and a machine whose speed drifts over minutes moves both
+sides of a prompt alike. llama.cpp stops after the block that passes ``-n`` (up to 64 tokens
+later, more tokens at its best speed where the answer copies), so ours decodes as far and each
+of llama.cpp's runs is compared with ours over the tokens it decoded. ``--json`` keeps
+everything: every repeat's tok/s, llama.cpp's drafted and kept token counts, the medians and
+ratios.
 
     python scripts/peer_bench.py --peer-home ~/.cache/llama-peer [--sets summarize,edit,rag] \\
         [-n 160] [--repeats 2] [--threads 2] [--kinds ngram-simple,ngram-map-k,ngram-mod] \\
@@ -44,6 +49,8 @@ from pyramid_gguf.models.presets import DEFAULT_PRESET, resolve_preset
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "llama_peer.sh"
 KINDS = ("ngram-simple", "ngram-map-k", "ngram-mod")
+#: Tokens past ``-n`` that llama-speculative-simple may decode (its last accepted block).
+OVERSHOOT = 64
 SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds, speed:\s*([0-9.]+)\s*t/s")
 COUNT = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
 
@@ -88,6 +95,23 @@ def tok_s(p: Pyramid, tokens: list[int], sampling: SamplingConfig, spec: SpecCon
     return p.generate(tokens, sampling, spec).stats.generation_tps
 
 
+def timeline(
+    p: Pyramid, tokens: list[int], sampling: SamplingConfig, spec: SpecConfig
+) -> list[float]:
+    """Seconds from the start of generation at which each generated token was committed
+    (``[n]``), so one generation gives its speed over any first ``n`` tokens."""
+    out: list[float] = []
+    for r in p.stream(tokens, sampling, spec):
+        out += [r.stats.generation_seconds] * len(r.token_ids)
+    return out
+
+
+def speed_at(times: list[float], n: int) -> float:
+    """tok/s over the first ``n`` tokens of a :func:`timeline` (all of it when shorter)."""
+    n = min(n, len(times))
+    return n / max(times[n - 1], 1e-9)
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(statistics.mean(math.log(v) for v in values))
 
@@ -96,19 +120,22 @@ def summarize(
     prompts: list[BenchPrompt], runs: dict[str, dict[str, list[float]]], kinds: list[str]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]]]:
     """Per prompt: median tok/s of each config, ratios to ``target``, the best llama.cpp
-    drafter and ``auto`` over it; per set: geometric means of the ratios."""
+    drafter and ``auto`` over it; per set: geometric means of the ratios. A llama.cpp drafter
+    is compared with ours over as many tokens as it decoded (``target at KIND``, ``auto at
+    KIND``)."""
     per_prompt: dict[str, dict[str, Any]] = {}
     for q in prompts:
         med = {k: statistics.median(v) for k, v in runs[q.key].items()}
-        t = med["target"]
-        x = {k: v / t for k, v in med.items()}
-        best = max(kinds, key=lambda k: med[f"llama.cpp {k}"])
+        x = {"target": 1.0, "auto": med["auto"] / med["target"]}
+        for k in kinds:
+            x[f"llama.cpp {k}"] = med[f"llama.cpp {k}"] / med[f"target at {k}"]
+        best = max(kinds, key=lambda k: x[f"llama.cpp {k}"])
         per_prompt[q.key] = {
             "set": q.set,
             "tok_s": med,
             "x_target": x,
             "best_llama_cpp": best,
-            "auto_over_best": med["auto"] / med[f"llama.cpp {best}"],
+            "auto_over_best": med[f"auto at {best}"] / med[f"llama.cpp {best}"],
         }
     per_set: dict[str, dict[str, float]] = {}
     for s in dict.fromkeys(q.set for q in prompts):
@@ -132,7 +159,10 @@ def print_table(
         print(f"{label:<22}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True)))
 
     print()
-    line("prompt", ["target tok/s", "auto", *kinds, "best llama.cpp", "auto / best"])
+    line(
+        "prompt",
+        ["target tok/s", "auto", *kinds, "best llama.cpp", "auto / best"],
+    )
     for key, r in per_prompt.items():
         x = r["x_target"]
         cells = [f"{r['tok_s']['target']:.1f}", f"{x['auto']:.2f}x"]
@@ -163,37 +193,61 @@ def main() -> None:
     load = LoadConfig(n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads)
     sampling = SamplingConfig(temperature=0, max_tokens=args.max_tokens)
     runs: dict[str, dict[str, list[float]]] = {}  # prompt -> config -> tok/s per repeat
+    times: dict[str, dict[str, list[list[float]]]] = {}  # prompt -> ours -> timeline per repeat
     counts: dict[str, dict[str, list[dict[str, float]]]] = {}  # prompt -> kind -> runs
     specs = {"target": SpecConfig(mode="target"), "auto": SpecConfig(mode="auto")}
     prompts = load_prompt_sets(args.sets.split(","))
     kinds = [k for k in args.kinds.split(",") if k]
     ours_tg = 0.0
-    texts: dict[str, str] = {}
-    for repeat in range(args.repeats):
-        # Ours and llama.cpp's in turn, never both loaded: a second process holding the same
-        # model file changes its speed (measured here: llama.cpp 11% faster while ours was).
+    with Pyramid.load(ladder.paths, load=load, name=ladder.name) as p:
+        p.calibrate(say=print)
+        texts = {
+            q.key: p.apply_chat_template([{"role": "user", "content": q.text}]) for q in prompts
+        }
+        tokens = {k: p.tokenize(t) for k, t in texts.items()}
+        for spec in specs.values():  # warm-up
+            tok_s(p, tokens[prompts[0].key], sampling.with_(max_tokens=8), spec)
+        plain = sampling.with_(max_tokens=128, ignore_eos=True)
+        ours_tg = tok_s(p, p.tokenize("Hello"), plain, specs["target"])
+
+    # llama.cpp stops after the block that passes -n, up to OVERSHOOT tokens later: ours runs
+    # that much longer, and each side's speed is taken over the same number of tokens.
+    longer = sampling.with_(max_tokens=args.max_tokens + OVERSHOOT)
+
+    def ours(q: BenchPrompt) -> None:
+        # Loaded per prompt (calibration is cached), so llama.cpp never runs beside it.
         with Pyramid.load(ladder.paths, load=load, name=ladder.name) as p:
-            p.calibrate(say=print)
-            texts = {
-                q.key: p.apply_chat_template([{"role": "user", "content": q.text}]) for q in prompts
-            }
-            tokens = {k: p.tokenize(t) for k, t in texts.items()}
-            for spec in specs.values():  # warm-up
-                tok_s(p, tokens[prompts[0].key], sampling.with_(max_tokens=8), spec)
-            for q in prompts:
-                run = runs.setdefault(q.key, {})
-                for name, spec in specs.items():
-                    run.setdefault(name, []).append(tok_s(p, tokens[q.key], sampling, spec))
-            if repeat == 0:
-                plain = sampling.with_(max_tokens=128, ignore_eos=True)
-                ours_tg = tok_s(p, p.tokenize("Hello"), plain, specs["target"])
+            tok_s(p, tokens[q.key], sampling.with_(max_tokens=4), specs["target"])  # warm-up
+            for name, spec in specs.items():
+                times.setdefault(q.key, {}).setdefault(name, []).append(
+                    timeline(p, tokens[q.key], longer, spec)
+                )
+
+    def theirs(q: BenchPrompt) -> None:
+        for kind in kinds:
+            r = peer_ngram(args, ladder.paths.target, texts[q.key], kind)
+            runs[q.key].setdefault(f"llama.cpp {kind}", []).append(r["tok_s"])
+            counts.setdefault(q.key, {}).setdefault(kind, []).append(r)
+
+    for repeat in range(args.repeats):
         for q in prompts:
-            run = runs[q.key]
+            runs.setdefault(q.key, {})
+            for side in (ours, theirs) if repeat % 2 == 0 else (theirs, ours):
+                side(q)
+            ours_now = {
+                k: round(speed_at(v[-1], args.max_tokens), 1) for k, v in times[q.key].items()
+            }
+            theirs_now = {k: round(v[-1], 1) for k, v in runs[q.key].items()}
+            print(q.key, ours_now, theirs_now, flush=True)
+    for q in prompts:
+        for name in specs:
+            series = times[q.key][name]
+            runs[q.key][name] = [speed_at(t, args.max_tokens) for t in series]
             for kind in kinds:
-                r = peer_ngram(args, ladder.paths.target, texts[q.key], kind)
-                run.setdefault(f"llama.cpp {kind}", []).append(r["tok_s"])
-                counts.setdefault(q.key, {}).setdefault(kind, []).append(r)
-            print(q.key, {k: round(v[-1], 1) for k, v in run.items()}, flush=True)
+                n = [int(c["tokens"]) for c in counts[q.key][kind]]
+                runs[q.key][f"{name} at {kind}"] = [
+                    speed_at(t, k) for t, k in zip(series, n, strict=True)
+                ]
     bench = peer_tool(args, "bench", str(ladder.paths.target))
     tg = re.search(r"tg128\s*\|\s*([0-9.]+)", bench)
 

@@ -74,6 +74,32 @@ def test_teacher_forced_scores_do_not_depend_on_the_batch(
     assert whole.argmax >= len(answer) - 1
 
 
+def test_answers_to_one_prompt_score_as_alone_with_the_prompt_evaluated_once(
+    ladder_paths: LadderPaths,
+) -> None:
+    """``score_answers`` gives each answer exactly the figures ``score_answer`` gives it alone
+    (the answers' rows rolled back between them), evaluating the prompt once, not per answer."""
+    with load_ladder(ladder_paths) as p:
+        target = p.ladder.target
+        prompt = p.tokenize("def the return value")
+        answers = [
+            p.generate(prompt, GREEDY.with_(max_tokens=n), SpecConfig(mode=m)).token_ids
+            for n, m in ((12, "target"), (40, "sd"), (7, "target"))
+        ]
+        answers.insert(1, [])
+        alone = [score_answer(target, prompt, a) for a in answers]
+        before = target.model.timer.n_tokens
+        together = quality.score_answers(target, prompt, answers)
+        evaluated = target.model.timer.n_tokens - before
+        assert target.model.n_past == 0  # the cache is left empty
+    assert [(q.tokens, q.argmax) for q in together] == [(q.tokens, q.argmax) for q in alone]
+    assert [q.nll for q in together] == pytest.approx([q.nll for q in alone], rel=1e-6)
+    assert together[1].tokens == 0 and together[0].tokens == len(answers[0]) > 0
+    # the prompt's first len - 1 tokens once, then each answer's tokens (its last one unfed)
+    # plus the prompt's last token
+    assert evaluated == len(prompt) - 1 + sum(len(a) for a in answers if a)
+
+
 @pytest.fixture(scope="module")
 def scored(ladder_paths: LadderPaths):  # type: ignore[no-untyped-def]
     """target, sd, and fsd accepting every draft token (tau 10), quality scored, plus two

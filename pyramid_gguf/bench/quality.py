@@ -18,11 +18,13 @@ fuzzy acceptances cost, on any text (prose included), without a task-specific gr
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..decoding.tiers import ModelTier
+from ..native import NativeModel
 
 #: Answer rows read per teacher-forced batch (each row is ``n_vocab`` float32).
 ROWS_PER_BATCH = 32
@@ -75,28 +77,58 @@ def score_rows(logits: np.ndarray, tokens: Sequence[int]) -> TokenQuality:
     )
 
 
+@contextmanager
+def _prompt_held(model: NativeModel, prompt: Sequence[int]) -> Iterator[None]:
+    """The cache holds exactly ``prompt[:-1]`` inside, evaluated afresh; empty before and
+    after."""
+    model.reset()
+    try:
+        model.eval(prompt[:-1])
+        yield
+    finally:
+        model.reset()
+
+
+def _answer_chunks(
+    model: NativeModel, prompt: Sequence[int], answer: Sequence[int]
+) -> Iterator[tuple[np.ndarray, list[int]]]:
+    """The forced rows of ``answer`` from a cache holding ``prompt[:-1]``, which is rolled
+    back to that prefix afterwards (same tokens in the same batches each time, so every
+    answer's rows are what a fresh prompt would give)."""
+    try:
+        feed = [prompt[-1], *answer[:-1]]
+        for i in range(0, len(feed), ROWS_PER_BATCH):
+            chunk = feed[i : i + ROWS_PER_BATCH]
+            yield model.eval(chunk, range(len(chunk))), list(answer[i : i + len(chunk)])
+    finally:
+        model.rollback(len(prompt) - 1)
+
+
 def forced_chunks(
     tier: ModelTier, prompt: Sequence[int], answer: Sequence[int]
 ) -> Iterator[tuple[np.ndarray, list[int]]]:
     """``tier``'s raw logits predicting each answer token, teacher-forced, a batch at a time:
     ``([c, V] float32, the c answer tokens they predict)``. The cache is emptied before and
     after."""
-    model = tier.model
-    model.reset()
-    try:
-        model.eval(prompt[:-1])
-        feed = [prompt[-1], *answer[:-1]]
-        for i in range(0, len(feed), ROWS_PER_BATCH):
-            chunk = feed[i : i + ROWS_PER_BATCH]
-            yield model.eval(chunk, range(len(chunk))), list(answer[i : i + len(chunk)])
-    finally:
-        model.reset()
+    with _prompt_held(tier.model, prompt):
+        yield from _answer_chunks(tier.model, prompt, answer)
 
 
 def score_answer(tier: ModelTier, prompt: Sequence[int], answer: Sequence[int]) -> TokenQuality:
     """``answer`` (emitted after ``prompt``, which must not be empty) scored under ``tier``."""
-    if not answer:
-        return TokenQuality()
-    return TokenQuality.pooled(
-        score_rows(rows, tokens) for rows, tokens in forced_chunks(tier, prompt, answer)
-    )
+    return score_answers(tier, prompt, [answer])[0]
+
+
+def score_answers(
+    tier: ModelTier, prompt: Sequence[int], answers: Sequence[Sequence[int]]
+) -> list[TokenQuality]:
+    """Each of ``answers`` (all emitted after the same non-empty ``prompt``) scored under
+    ``tier``, as :func:`score_answer` would score it alone, with the prompt evaluated once."""
+    model = tier.model
+    with _prompt_held(model, prompt):
+        return [
+            TokenQuality.pooled(score_rows(r, t) for r, t in _answer_chunks(model, prompt, a))
+            if a
+            else TokenQuality()
+            for a in answers
+        ]

@@ -22,7 +22,7 @@ from ..decoding.stats import GenerationStats
 from ..errors import UserError
 from .grid import BenchConfig
 from .prompts import BenchPrompt
-from .quality import TokenQuality, score_answer
+from .quality import TokenQuality, score_answers
 
 
 @dataclass
@@ -134,8 +134,13 @@ def run_bench(
                     progress(1)
     if quality:
         target = pyramid.ladder.target
+        by_prompt: dict[str, list[Sample]] = {}
         for s in [*(s for s in samples if s.repeat == 0), *he_samples]:
-            s.quality = score_answer(target, encoded[s.prompt], s.token_ids)
+            by_prompt.setdefault(s.prompt, []).append(s)
+        for key, group in by_prompt.items():  # the prompt evaluated once for all its answers
+            scores = score_answers(target, encoded[key], [s.token_ids for s in group])
+            for s, q in zip(group, scores, strict=True):
+                s.quality = q
     return BenchRun(
         list(configs),
         list(prompts),
