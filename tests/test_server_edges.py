@@ -132,7 +132,23 @@ def test_timings_count_evaluated_and_cached_prompt_tokens(live: Live) -> None:
 # --- 11. a non-streamed request whose client leaves ---------------------------------------------
 
 
-def test_non_streamed_client_leaving_cancels_its_generation(live: Live) -> None:
+def slow_down(pyramid: Pyramid, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make each streamed token of ``pyramid`` take at least 2 ms, so a 900-token request runs
+    for seconds however fast the machine decodes the tiny model."""
+    stream = pyramid.stream
+
+    def slow_stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for step in stream(*args, **kwargs):
+            time.sleep(0.002)
+            yield step
+
+    monkeypatch.setattr(pyramid, "stream", slow_stream)
+
+
+def test_non_streamed_client_leaving_cancels_its_generation(
+    live: Live, target: Pyramid, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_down(target, monkeypatch)
     before = _wait_idle(live)["cancelled"]
     body = {"prompt": "the cat", "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up while tokens keep coming
@@ -144,7 +160,9 @@ def test_non_streamed_client_leaving_cancels_its_generation(live: Live) -> None:
 # --- 15. shutdown with requests in flight -------------------------------------------------------
 
 
-def test_shutdown_cancels_requests_in_flight_with_openai_errors(tiny_target: Path) -> None:
+def test_shutdown_cancels_requests_in_flight_with_openai_errors(
+    tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     slow = {"prompt": "the cat", "max_tokens": 900, "ignore_eos": True}
     with (
         Pyramid.from_paths(tiny_target, load=LOAD, name="tiny") as pyramid,
@@ -153,6 +171,7 @@ def test_shutdown_cancels_requests_in_flight_with_openai_errors(tiny_target: Pat
             server,
         ),
     ):
+        slow_down(pyramid, monkeypatch)
 
         def streamed() -> list[str]:
             with httpx.stream(
