@@ -159,10 +159,7 @@ def print_table(
         print(f"{label:<22}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True)))
 
     print()
-    line(
-        "prompt",
-        ["target tok/s", "auto", *kinds, "best llama.cpp", "auto / best"],
-    )
+    line("prompt", ["target tok/s", "auto", *kinds, "best llama.cpp", "auto / best"])
     for key, r in per_prompt.items():
         x = r["x_target"]
         cells = [f"{r['tok_s']['target']:.1f}", f"{x['auto']:.2f}x"]

@@ -284,6 +284,19 @@ def test_concurrent_clients_get_their_own_answers(client: openai.OpenAI, live: L
 # --- faults ------------------------------------------------------------------------------------
 
 
+def slow_down(pyramid: Pyramid, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make each streamed token of ``pyramid`` take at least 2 ms, so a 900-token request runs
+    for seconds however fast the machine decodes the tiny model."""
+    stream = pyramid.stream
+
+    def slow_stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for step in stream(*args, **kwargs):
+            time.sleep(0.002)
+            yield step
+
+    monkeypatch.setattr(pyramid, "stream", slow_stream)
+
+
 def _slow_body(**extra: Any) -> dict[str, Any]:
     """A request that would run for seconds: the tests cut it short."""
     return {"prompt": "the cat", "max_tokens": 900, "ignore_eos": True, "stream": True} | extra

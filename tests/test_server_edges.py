@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from test_server import LOAD, Live, _free_port, _wait_idle
+from test_server import LOAD, Live, _free_port, _wait_idle, slow_down
 
 from pyramid_gguf.api import Pyramid
 from pyramid_gguf.serving.app import Server, create_app
@@ -130,19 +130,6 @@ def test_timings_count_evaluated_and_cached_prompt_tokens(live: Live) -> None:
 
 
 # --- 11. a non-streamed request whose client leaves ---------------------------------------------
-
-
-def slow_down(pyramid: Pyramid, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make each streamed token of ``pyramid`` take at least 2 ms, so a 900-token request runs
-    for seconds however fast the machine decodes the tiny model."""
-    stream = pyramid.stream
-
-    def slow_stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        for step in stream(*args, **kwargs):
-            time.sleep(0.002)
-            yield step
-
-    monkeypatch.setattr(pyramid, "stream", slow_stream)
 
 
 def test_non_streamed_client_leaving_cancels_its_generation(
