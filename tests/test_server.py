@@ -302,7 +302,10 @@ def _slow_body(**extra: Any) -> dict[str, Any]:
     return {"prompt": "the cat", "max_tokens": 900, "ignore_eos": True, "stream": True} | extra
 
 
-def test_disconnect_cancels_the_generation(client: openai.OpenAI, live: Live) -> None:
+def test_disconnect_cancels_the_generation(
+    client: openai.OpenAI, live: Live, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_down(live.pyramid, monkeypatch)
     before = _wait_idle(live)["cancelled"]
     with (
         httpx.Client(timeout=30) as http,
@@ -317,8 +320,11 @@ def test_disconnect_cancels_the_generation(client: openai.OpenAI, live: Live) ->
     assert out.choices[0].text and out.usage is not None
 
 
-def test_client_leaving_the_queue_is_skipped(client: openai.OpenAI, live: Live) -> None:
+def test_client_leaving_the_queue_is_skipped(
+    client: openai.OpenAI, live: Live, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A queued (not yet running) request whose client gives up never runs."""
+    slow_down(live.pyramid, monkeypatch)
     before = _wait_idle(live)["cancelled"]
     with (
         httpx.Client(timeout=30) as http,
@@ -341,7 +347,8 @@ def test_client_leaving_the_queue_is_skipped(client: openai.OpenAI, live: Live) 
     assert _complete(client, "the cat").choices[0].text
 
 
-def test_queue_overflow_answers_503(small: Live) -> None:
+def test_queue_overflow_answers_503(small: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_down(small.pyramid, monkeypatch)
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", f"{small.v1}/completions", json=_slow_body()) as r:
             assert r.status_code == 200
