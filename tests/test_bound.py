@@ -15,14 +15,15 @@ from pyramid_gguf.decoding.replay import replay
 LINEAR = CostCurve.shaped(1.0, 0.1)
 
 
-def naive_runs(prompt: list[int], answer: list[int]) -> list[int]:
-    """The definition, spelled out: every anchor ``j - 1`` before the last committed token."""
+def naive_runs(prompt: list[int], answer: list[int], anchored: bool) -> list[int]:
+    """The definition, spelled out: every earlier start ``j`` (anchored: those after an earlier
+    occurrence of the last committed token)."""
     text, start = prompt + answer, len(prompt)
     runs = []
     for i in range(len(answer)):
         p, best = start + i, 0
-        for j in range(1, p):
-            if text[j - 1] != text[p - 1]:
+        for j in range(0 if not anchored else 1, p):
+            if anchored and text[j - 1] != text[p - 1]:
                 continue
             b = 0
             while p + b < len(text) and text[j + b] == text[p + b]:
@@ -32,13 +33,15 @@ def naive_runs(prompt: list[int], answer: list[int]) -> list[int]:
     return runs
 
 
+@pytest.mark.parametrize("anchored", [True, False])
 @pytest.mark.parametrize("seed", range(20))
-def test_copy_runs_match_their_definition(seed: int) -> None:
+def test_copy_runs_match_their_definition(seed: int, anchored: bool) -> None:
     rng = random.Random(seed)
     alphabet = rng.randint(2, 6)  # few symbols: many anchors, overlapping runs
     prompt = [rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
     answer = [rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
-    assert copy_runs(prompt, answer).tolist() == naive_runs(prompt, answer)
+    runs = copy_runs(prompt, answer, anchored=anchored)
+    assert runs.tolist() == naive_runs(prompt, answer, anchored)
 
 
 def test_an_answer_that_copies_nothing_is_bounded_by_plain_decoding() -> None:
@@ -55,6 +58,16 @@ def test_the_bound_takes_the_cheapest_schedule() -> None:
     assert copy_bound(prompt, answer, LINEAR) == pytest.approx(9 / one_block)
     two_blocks = 1.0 + 2 * LINEAR(4)  # blocks of at most 3: 3 + 1, then 3 + 1
     assert copy_bound(prompt, answer, LINEAR, max_block=3) == pytest.approx(9 / two_blocks)
+
+
+def test_an_edit_is_copied_on_only_without_the_anchor() -> None:
+    # the answer renames 5 to 9 and goes on copying: right after 9 (seen nowhere before) only
+    # an unanchored copier can propose 6, 7, 8; that lifts its bound above the anchored one
+    prompt, answer = [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 9, 6, 7, 8]
+    assert copy_runs(prompt, answer).tolist()[5] == 0
+    assert copy_runs(prompt, answer, anchored=False).tolist()[5] == 3
+    unanchored = copy_bound(prompt, answer, LINEAR, anchored=False)
+    assert unanchored > copy_bound(prompt, answer, LINEAR)
 
 
 def test_a_step_in_the_curve_prices_a_block_at_the_cheapest_larger_evaluation() -> None:

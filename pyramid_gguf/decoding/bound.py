@@ -6,11 +6,14 @@ occurrence. Whatever its lookup, a proposal it can make at answer position ``i``
 ``text[j : j + b]`` with ``text[j - 1]`` equal to the last committed token: anchored on at least
 that token. :func:`copy_runs` measures, per position, the longest such run that the answer
 really continues with (an oracle's pick of ``j``; a run may overlap the text it is copying, as
-an answer repeating a short cycle does). :func:`copy_bound` then chooses, with perfect
-foresight, where to propose and how much (up to ``max_block``) to spend the fewest seconds on
-the answer under ``curve``: no drafter of this kind can do better greedily on that machine, so a
-goal above the bound cannot be met by better drafting, only by a flatter curve or answers that
-copy more. Pure numpy.
+an answer repeating a short cycle does). Unanchored (``anchored=False``), any earlier ``j``
+counts: the bound of every drafter that copies from the context, whatever it looks up (one
+that re-aligns with its source after an edit, as speculative edits do, included).
+
+:func:`copy_bound` then chooses, with perfect foresight, where to propose and how much (up to
+``max_block``) to spend the fewest seconds on the answer under ``curve``: no drafter of the
+kind can do better greedily on that machine, so a goal above the bound cannot be met by better
+drafting, only by a flatter curve or answers that copy more. Pure numpy.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from .costs import CostCurve
 MAX_BLOCK = 48
 
 
-def copy_runs(prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
+def copy_runs(prompt: Sequence[int], answer: Sequence[int], *, anchored: bool = True) -> np.ndarray:
     """``runs[i]`` (shape ``[len(answer)]``): the longest ``b`` such that ``answer[i : i + b]``
     equals ``text[j : j + b]`` for some ``j < len(prompt) + i`` with ``text[j - 1]`` equal to
-    the token before ``answer[i]``, where ``text = prompt + answer``."""
+    the token before ``answer[i]`` (any such ``j`` unless ``anchored``), where
+    ``text = prompt + answer``."""
     text = np.asarray([*prompt, *answer], dtype=np.int64)
     start, n = len(prompt), len(answer)
     runs = np.zeros(n, dtype=np.int64)
@@ -39,6 +43,9 @@ def copy_runs(prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
     for p in range(len(text) - 1, start - 1, -1):
         lcp[:-1] = np.where(text == text[p], lcp[1:] + 1, 0)
         lcp[-1] = 0
+        if not anchored:
+            runs[p - start] = int(lcp[:p].max())
+            continue
         anchors = np.flatnonzero(text[: p - 1] == text[p - 1]) + 1  # j - 1 anchors, 1 <= j < p
         if anchors.size:
             runs[p - start] = int(lcp[anchors].max())
@@ -46,7 +53,12 @@ def copy_runs(prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
 
 
 def copy_bound(
-    prompt: Sequence[int], answer: Sequence[int], curve: CostCurve, max_block: int = MAX_BLOCK
+    prompt: Sequence[int],
+    answer: Sequence[int],
+    curve: CostCurve,
+    max_block: int = MAX_BLOCK,
+    *,
+    anchored: bool = True,
 ) -> float:
     """Speedup over plain decoding (``len(answer)`` single-token evaluations) of the best
     schedule of fully kept copy blocks: at each position either one plain token or a block of
@@ -57,7 +69,7 @@ def copy_bound(
     n = len(answer)
     if n == 0:
         return 1.0
-    runs = copy_runs(prompt, answer)
+    runs = copy_runs(prompt, answer, anchored=anchored)
     price = [curve(k) for k in range(1, max_block + 2)]
     for k in range(max_block - 1, -1, -1):  # cheapest evaluation of at least k + 1 tokens
         price[k] = min(price[k], price[k + 1])

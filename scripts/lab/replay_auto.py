@@ -13,8 +13,9 @@ set and answer length, the speedup over plain decoding that the cost model predi
 ``llama-speculative-simple`` runs them with their default settings (:data:`PEERS`, read from
 the llama.cpp that llama-cpp-python 0.3.36 vendors), priced by the same curve, and prints every
 prompt at the longest length: ``auto``, each drafter, ``auto`` over the best of them, and the
-copy bound (:func:`~pyramid_gguf.decoding.bound.copy_bound`: the most any n-gram drafter could
-reach on that answer and curve, choosing its copies and blocks with perfect foresight).
+copy bounds (:func:`~pyramid_gguf.decoding.bound.copy_bound`: the most any n-gram drafter could
+reach on that answer and curve, choosing its copies and blocks with perfect foresight; and,
+unanchored, any drafter copying from the context).
 
     python scripts/lab/replay_auto.py record answers.json [-n 256] [-t 2]
     python scripts/lab/replay_auto.py replay answers.json [--curve recorded|avx512|curve.json] \\
@@ -246,7 +247,7 @@ def replay_all(args: argparse.Namespace) -> None:
     sets = set(args.sets.split(",")) if args.sets else None
     table: dict[str, dict[int, list[float]]] = {}
     rows: dict[str, dict[str, list[float]]] = {}  # set -> column -> per prompt (longest n)
-    columns = ["auto", *(k.name for k in PEERS), "auto / best", "bound"]
+    columns = ["auto", *(k.name for k in PEERS), "auto / best", "bound", "unanchored"]
     if args.peers:
         print(f"{'n=' + str(lengths[-1]):22s}" + "".join(f"{c:>15s}" for c in columns))
     for key, rec in data["answers"].items():
@@ -269,6 +270,7 @@ def replay_all(args: argparse.Namespace) -> None:
             row |= {k.name: replay_peer(k, rec["prompt"], answer, curve) for k in PEERS}
             row["auto / best"] = row["auto"] / max(row[k.name] for k in PEERS)
             row["bound"] = copy_bound(rec["prompt"], answer, curve)
+            row["unanchored"] = copy_bound(rec["prompt"], answer, curve, anchored=False)
             for column, value in row.items():
                 rows.setdefault(rec["set"], {}).setdefault(column, []).append(value)
             print(f"{key:22s}" + "".join(f"{v:>14.3f}x" for v in row.values()))
