@@ -174,3 +174,22 @@ def test_quoted_matches_are_trusted_more_than_echoes() -> None:
         est.record(3, proposed=3, kept=3, quoted=True)
     assert est.estimate(3, quoted=True)[0] > 0.9
     assert est.estimate(3) == echo_before  # the other source: untouched
+
+
+def test_best_block_scans_sizes_once_first_of_equals_winning() -> None:
+    base = policy.Option("target", 0, 1.0, 1.0)  # plain decoding: 1 token per second
+    tokens = [2.0, 4.0, 4.0, 3.0]  # k = 2 and k = 3 tie at 2 tokens per second
+    seconds = [1.6, 2.0, 2.0, 3.0]
+    free = policy.best_block("ngram", tokens, seconds)
+    assert free.best is not None and (free.best.k, free.best.rate) == (2, 2.0)
+    assert free.allowed is free.best and not free.refused
+    # with no savings a round may lose nothing, unless it promises CONFIDENT_GAIN: then one
+    # plain token's time (1 s); k = 2 (loses 1 s) promises 2x and is allowed, k = 4 is not
+    poor = policy.best_block("ngram", tokens, seconds, budget=policy.Budget(base, 0.0))
+    assert poor.allowed is not None and poor.allowed.k == 2
+    # a budget in debt allows nothing; k = 1..3 were worth running (>= MIN_GAIN), k = 4 was not
+    debt = policy.best_block("ngram", tokens, seconds, budget=policy.Budget(base, -1.0))
+    assert debt.allowed is None and debt.refused and debt.best == free.best
+    dull = policy.best_block("ngram", [1.0], [1.5], budget=policy.Budget(base, -1.0))
+    assert dull.allowed is None and not dull.refused  # 0.67 tokens/s is worth nothing
+    assert policy.best_block("ngram", [], []) == policy.Pick()

@@ -24,7 +24,7 @@ blocks; text that does not loses at most one token's time beyond what it earned.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .costs import CostCurve
@@ -103,8 +103,12 @@ class Budget:
     savings: float = math.inf
 
     def allows(self, option: Option) -> bool:
-        loss = option.seconds - self.base.seconds
-        stake = self.base.seconds if option.rate >= CONFIDENT_GAIN * self.base.rate else 0.0
+        return self.permits(option.seconds, option.rate)
+
+    def permits(self, seconds: float, rate: float) -> bool:
+        """:meth:`allows` for an option costing ``seconds`` at ``rate`` tokens per second."""
+        loss = seconds - self.base.seconds
+        stake = self.base.seconds if rate >= CONFIDENT_GAIN * self.base.rate else 0.0
         return loss <= self.savings + stake
 
     def worth(self, option: Option) -> bool:
@@ -163,21 +167,34 @@ def _better(a: Option | None, b: Option | None) -> Option | None:
 
 def best_block(
     chain: str,
-    tokens: Callable[[int], float],
-    seconds: Callable[[int], float],
-    max_k: int,
+    tokens: Sequence[float],
+    seconds: Sequence[float],
     l_d: int = 0,
     budget: Budget | None = None,
 ) -> Pick:
-    """The block size ``k`` in ``1..max_k`` with the most expected tokens per second, overall
-    and among those ``budget`` allows (all, without one)."""
-    pick = Pick()
-    for k in range(1, max_k + 1):
-        option = Option(chain, k, tokens(k), seconds(k), l_d)
-        allowed = budget is None or budget.allows(option)
-        refused = budget is not None and not allowed and budget.worth(option)
-        pick = pick | Pick(option, option if allowed else None, refused)
-    return pick
+    """The block size ``k`` with the most expected tokens per second, overall and among those
+    ``budget`` allows (all, without one). ``tokens[k - 1]`` / ``seconds[k - 1]``: expected
+    committed tokens and cost of proposing ``k`` (``k = 1..len(tokens)``). The first of equal
+    rates wins. Called for every chain every round, so it makes only the options it returns."""
+    best_k = allowed_k = 0
+    best_rate = allowed_rate = 0.0
+    refused = False
+    worth = MIN_GAIN * budget.base.rate if budget is not None else math.inf
+    for k, (t, s) in enumerate(zip(tokens, seconds, strict=True), start=1):
+        rate = t / s if s > 0 else 0.0
+        if best_k == 0 or rate > best_rate:
+            best_k, best_rate = k, rate
+        if budget is None or budget.permits(s, rate):
+            if allowed_k == 0 or rate > allowed_rate:
+                allowed_k, allowed_rate = k, rate
+        elif rate >= worth:
+            refused = True
+
+    def option(k: int) -> Option | None:
+        return Option(chain, k, tokens[k - 1], seconds[k - 1], l_d) if k else None
+
+    best = option(best_k)
+    return Pick(best, best if allowed_k == best_k else option(allowed_k), refused)
 
 
 def plain(target: CostCurve, overhead: float) -> Option:
@@ -195,13 +212,9 @@ def ngram(
     budget: Budget | None = None,
 ) -> Pick:
     """Proposing up to ``available`` n-gram tokens (drafting costs nothing)."""
-    return best_block(
-        "ngram",
-        lambda k: expected_tokens(first, after, k),
-        lambda k: target(k + 1) + overhead,
-        min(available, max_k),
-        budget=budget,
-    )
+    ks = range(1, min(available, max_k) + 1)
+    tokens = [expected_tokens(first, after, k) for k in ks]
+    return best_block("ngram", tokens, [target(k + 1) + overhead for k in ks], budget=budget)
 
 
 def draft(
@@ -216,13 +229,11 @@ def draft(
 ) -> Pick:
     """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``)."""
     catch_up = model(lag) / CATCH_UP_ROUNDS
-    return best_block(
-        name,
-        lambda k: expected_tokens(keep, keep, k),
-        lambda k: k * model(1) + catch_up + target(k + 1) + overhead,
-        max_k,
-        budget=budget,
-    )
+    one = model(1)
+    ks = range(1, max_k + 1)
+    tokens = [expected_tokens(keep, keep, k) for k in ks]
+    seconds = [k * one + catch_up + target(k + 1) + overhead for k in ks]
+    return best_block(name, tokens, seconds, budget=budget)
 
 
 def pyramid(
@@ -239,19 +250,16 @@ def pyramid(
     """Draft -> qualifier -> target: the qualifier fills a buffer of ``k`` tokens from checks
     of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``)."""
     catch_up = (bottom(lags[0]) + qualifier(lags[1])) / CATCH_UP_ROUNDS
+    ks = range(1, max_k + 1)
+    tokens = [expected_tokens(keep_qt, keep_qt, k) for k in ks]
+    verify = [target(k + 1) for k in ks]
+    one = bottom(1)
     pick = Pick()
-
-    def tokens(k: int) -> float:
-        return expected_tokens(keep_qt, keep_qt, k)
-
     for l_d in range(1, MAX_L_D + 1):
-        per_check = l_d * bottom(1) + qualifier(l_d + 1) + overhead
+        per_check = l_d * one + qualifier(l_d + 1) + overhead
         per_token = per_check / expected_tokens(keep_dq, keep_dq, l_d)
-
-        def seconds(k: int, per_token: float = per_token) -> float:
-            return k * per_token + catch_up + target(k + 1) + overhead
-
-        pick = pick | best_block("pyramid", tokens, seconds, max_k, l_d, budget)
+        seconds = [k * per_token + catch_up + v + overhead for k, v in zip(ks, verify, strict=True)]
+        pick = pick | best_block("pyramid", tokens, seconds, l_d, budget)
     return pick
 
 
