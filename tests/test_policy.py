@@ -4,6 +4,7 @@ chains that pay on a GPU and not on a small CPU, and the acceptance estimates.""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -193,3 +194,24 @@ def test_best_block_scans_sizes_once_first_of_equals_winning() -> None:
     dull = policy.best_block("ngram", [1.0], [1.5], budget=policy.Budget(base, -1.0))
     assert dull.allowed is None and not dull.refused  # 0.67 tokens/s is worth nothing
     assert policy.best_block("ngram", [], []) == policy.Pick()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_best_block_allows_exactly_what_the_budget_allows(seed: int) -> None:
+    """best_block unrolls Budget.permits for speed: its picks equal a plain scan by allows()."""
+    rng = random.Random(seed)
+    base = policy.plain(CostCurve.shaped(0.01, 0.005), 0.0)
+    for _ in range(200):
+        n = rng.randint(1, 16)
+        seconds = sorted(rng.uniform(0.005, 0.1) for _ in range(n))
+        tokens = [rng.uniform(1.0, 1.0 + k) for k in range(1, n + 1)]
+        budget = policy.Budget(base, rng.choice([0.0, -0.01, rng.uniform(-0.02, 0.05)]))
+        pick = policy.best_block("ngram", tokens, seconds, budget=budget)
+        options = [
+            policy.Option("ngram", k, tokens[k - 1], seconds[k - 1]) for k in range(1, n + 1)
+        ]
+        allowed = [o for o in options if budget.allows(o)]
+        top = max((o.rate for o in allowed), default=None)
+        expected = next((o for o in allowed if o.rate == top), None)
+        assert pick.allowed == expected
+        assert pick.refused == any(not budget.allows(o) and budget.worth(o) for o in options)

@@ -179,12 +179,18 @@ def best_block(
     best_k = allowed_k = 0
     best_rate = allowed_rate = 0.0
     refused = False
-    worth = MIN_GAIN * budget.base.rate if budget is not None else math.inf
+    # Budget.permits unrolled (the hot loop of every round): a loss up to ``savings``, up to
+    # ``staked`` at ``confident`` rates
+    base, savings, staked, confident, worth = 0.0, math.inf, math.inf, math.inf, math.inf
+    if budget is not None:
+        base, savings = budget.base.seconds, budget.savings
+        staked = savings + base
+        confident, worth = CONFIDENT_GAIN * budget.base.rate, MIN_GAIN * budget.base.rate
     for k, (t, s) in enumerate(zip(tokens, seconds, strict=True), start=1):
         rate = t / s if s > 0 else 0.0
         if best_k == 0 or rate > best_rate:
             best_k, best_rate = k, rate
-        if budget is None or budget.permits(s, rate):
+        if s - base <= (staked if rate >= confident else savings):
             if allowed_k == 0 or rate > allowed_rate:
                 allowed_k, allowed_rate = k, rate
         elif rate >= worth:
