@@ -49,10 +49,8 @@ def test_an_answer_that_quotes_its_prompt_is_copied_in_blocks(
     the estimates and credit the budget, so auto starts proposing sooner than it would on
     real savings alone, and then copies in blocks. On the no-AMX curve no first bet is
     confident, so without shadow credit auto never starts. (Shadows alone: a quote of
-    COPY_EVIDENCE tokens, or an answer quoting from its start, lifts the budget; see the next
-    tests.)"""
+    COPY_EVIDENCE tokens lifts the budget, see the next test.)"""
     monkeypatch.setattr(ngram, "COPY_EVIDENCE", 10**6)
-    monkeypatch.setattr(ngram, "QUOTED_OPENING", 10**6)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
     got, auto, evaluations = run_auto(prompt, prompt[:100], NOAMX)
@@ -93,46 +91,8 @@ def test_an_answer_copying_its_prompt_bets_whatever_the_budget(
     assert got == answer and copying.shadow_credit < -9
     assert copying.choices["ngram"].committed > 40 and evaluations < 25
     monkeypatch.setattr(ngram, "COPY_EVIDENCE", 10**6)
-    monkeypatch.setattr(ngram, "QUOTED_OPENING", 10**6)
     got, held, plain = run(debt=10.0)
     assert got == answer and "ngram" not in held.choices and plain == len(answer)
-
-
-def first_bet(prompt: list[int], answer: list[int]) -> int | None:
-    """The answer position of auto's first n-gram round, on the AVX-512 curve with a budget
-    deep in debt (so only the copying rules can start a bet)."""
-    target = ScriptedTarget([*prompt, *answer], AVX512)
-    stats = GenerationStats(mode="auto")
-    sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(answer)))
-    rounds = AutoRounds(
-        Ladder(target=cast(ModelTier, target)),
-        SpecConfig(mode="auto"),
-        sampler,
-        stats,
-        {"target": AVX512},
-    )
-    rounds.ledger.shadow_credit = -10.0
-    committed = list(prompt)
-    while len(committed) < len(prompt) + len(answer):
-        at = len(committed) - len(prompt)
-        committed += rounds.run(committed, len(prompt) + len(answer) - len(committed))
-        if "ngram" in rounds.auto.choices:
-            return at
-    return None
-
-
-def test_an_answer_that_opens_with_a_quote_bets_before_a_long_quote() -> None:
-    """An answer that has quoted its prompt since its first token announces a copy (an edit
-    returning the code): auto bets once QUOTED_OPENING tokens show it, whatever the budget. The
-    same quote after a few words of its own waits for COPY_EVIDENCE tokens, as before."""
-    rng = np.random.default_rng(5)
-    prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
-    quote = prompt[40:80]
-    opening = first_bet(prompt, quote)
-    assert opening is not None and ngram.QUOTED_OPENING <= opening < ngram.COPY_EVIDENCE
-    own = [400, 401, 402]  # the answer's own words, then the same quote
-    later = first_bet(prompt, [*own, *quote])
-    assert later is not None and later >= len(own) + ngram.COPY_EVIDENCE
 
 
 def test_echoes_that_do_not_copy_cost_at_most_the_confident_bets(

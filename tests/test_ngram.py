@@ -8,7 +8,6 @@ from pathlib import Path
 from pyramid_gguf.decoding.ngram import (
     COPY_EVIDENCE,
     KEY,
-    QUOTED_OPENING,
     NGramDrafter,
     NGramIndex,
     NGramPool,
@@ -58,21 +57,6 @@ def test_a_long_quote_is_evidence_of_copying_an_echo_is_not() -> None:
     phrase = list(range(500, 500 + COPY_EVIDENCE + 1))
     m = NGramDrafter().lookup([1, 2, *phrase, 7, *phrase], 4, answer_start=2)
     assert m is not None and not m.quoted and m.length > COPY_EVIDENCE and not m.copying
-
-
-def test_an_answer_opening_with_a_quote_is_evidence_of_copying() -> None:
-    """``opens``: the match quotes the prompt and covers the whole answer so far, of at least
-    QUOTED_OPENING tokens; the same quote after the answer's own words does not."""
-    prompt = list(range(100, 140))
-    answer = prompt[5 : 5 + QUOTED_OPENING]
-    m = NGramDrafter().lookup(prompt + answer, 4, answer_start=len(prompt))
-    assert m is not None and m.quoted and m.opens(len(answer)) and not m.copying
-    assert not m.opens(len(answer) + 1)  # a word of its own before the quote
-    m = NGramDrafter().lookup(prompt + answer[:-1], 4, answer_start=len(prompt))
-    assert m is not None and not m.opens(len(answer) - 1)  # too short to tell
-    phrase = list(range(500, 500 + QUOTED_OPENING))
-    m = NGramDrafter().lookup([1, *phrase, 7, *phrase], 4, answer_start=1)
-    assert m is not None and not m.quoted and not m.opens(len(phrase))  # an echo
 
 
 def test_index_follows_a_growing_context_and_rebuilds_on_a_new_one() -> None:

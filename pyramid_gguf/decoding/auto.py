@@ -167,10 +167,8 @@ class AutoRounds:
         match = self.drafter.lookup(committed, max_k, self.answer_start) if max_k > 0 else None
         base = policy.plain(self.costs["target"], self.overhead)
         self._settle(committed, base)
-        # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone:
-        # a long quote, or an answer that has been one quote since it began.
-        answer = len(committed) - self.answer_start
-        copying = match is not None and (match.copying or match.opens(answer))
+        # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone.
+        copying = match is not None and match.copying
         budget = policy.Budget(base) if copying else self.ledger.budget(base)
         picks = self.picks(committed, max_k, match, budget) if max_k > 0 else {}
         choice = policy.choose(base, [p.allowed for p in picks.values()])

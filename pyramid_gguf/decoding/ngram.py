@@ -30,11 +30,6 @@ MAX_CANDIDATES = 64
 #: key length of llama.cpp's ``ngram-simple``. Over the six shipped sets (greedy, 256 tokens)
 #: the target kept the next token after 95% of such matches.
 COPY_EVIDENCE = 12
-#: An answer that has quoted its prompt from its start for at least this many tokens announces
-#: a copy (an edit returning the code, a summary opening with the article's lead) as surely as
-#: a long quote (:meth:`Match.opens`). Replayed over the six shipped sets and three first prompts
-#: on seven cost curves: ``edit`` 1.090x -> 1.135x on the 2-core EPYC VM's, all else unchanged.
-QUOTED_OPENING = 4
 
 
 @dataclass(frozen=True)
@@ -55,12 +50,6 @@ class Match:
         """The answer is visibly copying its prompt: the match quotes it (or the pool) for at
         least :data:`COPY_EVIDENCE` tokens, what llama.cpp's ``ngram-simple`` drafts on."""
         return self.quoted and self.length >= COPY_EVIDENCE
-
-    def opens(self, answer_tokens: int) -> bool:
-        """The answer has been this one quote since it began: the match quotes the prompt (or
-        the pool) and covers all ``answer_tokens`` tokens of the answer so far, at least
-        :data:`QUOTED_OPENING` of them."""
-        return self.quoted and self.length >= max(QUOTED_OPENING, answer_tokens)
 
 
 class NGramIndex:
