@@ -2,8 +2,10 @@
 
 :func:`calibrate` returns a :class:`Calibration` from the cache under
 ``$PYRAMID_GGUF_HOME/costs/`` when one matches the model file, the llama.cpp build and the
-load settings (threads, offload, KV types, the weights' buffer types), else measures one (about
-a second per tier on a CPU) and stores it. ``refresh`` measures again (``pyramid-gguf calibrate``).
+load settings (threads, offload, KV types, the weights' buffer types), else measures one (7 s
+for the 1.5B Q4_K_M target on a 2-core CPU, less for smaller tiers) and stores it. ``refresh``
+measures again (``pyramid-gguf calibrate``). On a shared VM the ratios move by about 10%
+between calibrations (``c(3) / c(1)`` 2.19-2.65 in six back to back on a 2-core EPYC VM).
 
 - :func:`measure_curve`: the median of ``repeats`` timings of one evaluation of ``n`` tokens
   after a short prefix, all ``n`` logits rows read, as a verification reads them; the sizes
