@@ -198,7 +198,7 @@ def test_best_block_scans_sizes_once_first_of_equals_winning() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_best_block_allows_exactly_what_the_budget_allows(seed: int) -> None:
-    """best_block unrolls Budget.permits for speed: its picks equal a plain scan by allows()."""
+    """best_block unrolls Budget.allows for speed: its picks equal a plain scan by allows()."""
     rng = random.Random(seed)
     base = policy.plain(CostCurve.shaped(0.01, 0.005), 0.0)
     for _ in range(200):

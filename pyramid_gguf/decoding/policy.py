@@ -103,12 +103,8 @@ class Budget:
     savings: float = math.inf
 
     def allows(self, option: Option) -> bool:
-        return self.permits(option.seconds, option.rate)
-
-    def permits(self, seconds: float, rate: float) -> bool:
-        """:meth:`allows` for an option costing ``seconds`` at ``rate`` tokens per second."""
-        loss = seconds - self.base.seconds
-        stake = self.base.seconds if rate >= CONFIDENT_GAIN * self.base.rate else 0.0
+        loss = option.seconds - self.base.seconds
+        stake = self.base.seconds if option.rate >= CONFIDENT_GAIN * self.base.rate else 0.0
         return loss <= self.savings + stake
 
     def worth(self, option: Option) -> bool:
@@ -179,7 +175,7 @@ def best_block(
     best_k = allowed_k = 0
     best_rate = allowed_rate = 0.0
     refused = False
-    # Budget.permits unrolled (the hot loop of every round): a loss up to ``savings``, up to
+    # Budget.allows unrolled (the hot loop of every round): a loss up to ``savings``, up to
     # ``staked`` at ``confident`` rates
     base, savings, staked, confident, worth = 0.0, math.inf, math.inf, math.inf, math.inf
     if budget is not None:
