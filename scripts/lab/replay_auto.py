@@ -24,7 +24,8 @@ unanchored, any drafter copying from the context).
 ``--curve avx512`` is issue 12's 2-core AVX-512 machine (ms per decode of 1..8 tokens: 34,
 51, 68, 80, 129, 140, 160, 188); a JSON file holds ``{"seconds": [c(1), c(2), ...]}``. The
 recorded curve stops at 16 tokens; llama.cpp's blocks of up to 49 are priced on its linear
-extension, so give a curve measured that far (``--curve``) before trusting the peers' columns.
+extension, so give a curve measured that far (``--curve``) before trusting the peers' and the
+bounds' columns.
 """
 
 from __future__ import annotations
