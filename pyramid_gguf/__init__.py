@@ -1,16 +1,18 @@
 """pyramid-gguf: Pyramid speculative decoding (draft -> qualifier -> target) over llama.cpp.
 
 The public API (:class:`Pyramid` and its results) loads llama.cpp when first used, so the
-pure parts (``pyramid_gguf.decoding.acceptance``, the planner's arithmetic, the configs) import
-without it.
+pure parts (``pyramid_gguf.decoding.runtime.acceptance``, the planner's arithmetic, the configs)
+import without it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import LoadConfig, SamplingConfig, SpecConfig
-from .ladder import NGRAM, LadderPaths
+from .core.ladder import NGRAM, LadderPaths
+from .core.load import LoadConfig
+from .core.sampling import SamplingConfig
+from .core.spec import SpecConfig
 
 if TYPE_CHECKING:
     from .api import Completion, Pyramid, Response

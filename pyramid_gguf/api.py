@@ -1,6 +1,6 @@
 """The Python API: :class:`Pyramid` loads a ladder once and generates with any mode.
 
-Layered like mlx-lm: :func:`pyramid_gguf.decoding.engine.decode` yields token ids;
+Layered like mlx-lm: :func:`pyramid_gguf.decoding.runtime.engine.decode` yields token ids;
 :meth:`Pyramid.stream` wraps them in small :class:`Response` objects (text delta, token ids,
 finish reason, running stats); :meth:`Pyramid.generate` joins the stream. OpenAI-shaped
 bodies are built on top of this, in :mod:`pyramid_gguf.serving.openai`.
@@ -17,31 +17,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# llama.cpp's libraries load before numpy's (README, "On a GPU": a CUDA model segfaulted in one
-# PyTorch environment when numpy was imported first).
+# llama.cpp's libraries load before numpy's (docs/ARCHITECTURE.md, "Loading order": a CUDA model
+# segfaulted in one PyTorch environment when numpy was imported first).
 from . import native  # isort: skip
 
 # isort: split
 import numpy as np
 
-from .config import LoadConfig, SamplingConfig, SpecConfig
-from .decoding.calibrate import Calibration, calibrate
-from .decoding.costs import CostCurve
-from .decoding.engine import decode, make_rounds
-from .decoding.ngram import NGramPool
-from .decoding.sampling import Sampler, log_softmax, top_ids
-from .decoding.stats import GenerationStats
-from .decoding.tiers import Ladder, load_ladder
-from .errors import UserError
-from .ladder import LadderPaths, NGram
-from .textstream import TextStream
+from .core.errors import UserError
+from .core.ladder import LadderPaths, NGram
+from .core.load import LoadConfig
+from .core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
+from .core.spec import SpecConfig
+from .core.textstream import TextStream
+from .decoding.pricing.costs import CostCurve
+from .decoding.runtime.calibrate import Calibration, calibrate
+from .decoding.runtime.engine import decode, make_rounds
+from .decoding.runtime.ngram import NGramPool
+from .decoding.runtime.sampling import Sampler, log_softmax, top_ids
+from .decoding.runtime.stats import GenerationStats
+from .decoding.runtime.tiers import Ladder, load_ladder
+from .models.resolve import resolve_ladder
 
 Prompt = str | Sequence[int]
 _DROPPED = np.zeros(0, dtype=np.float32)
-
-
-#: Most alternatives per token a log-probability request may ask for (OpenAI's limit).
-MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -113,18 +112,30 @@ class Pyramid:
         load: LoadConfig | None = None,
         spec: SpecConfig | None = None,
         name: str | None = None,
+        vram: str | int | None = None,
         tier_loads: Mapping[str, LoadConfig] | None = None,
         share_ngrams: bool = False,
+        say: Callable[[str], None] | None = None,
     ) -> Pyramid:
         """Load the models of ``paths`` (all checked before any is loaded), check that they
         share one vocabulary; ``spec`` defaults to ``auto``.
 
-        ``tier_loads`` overrides ``load`` per tier (``draft``/``qualifier``/``target``), as a
-        memory plan does.
+        ``vram`` (a ``--vram`` value such as ``"6GiB"``, or bytes): load the placement
+        :func:`~pyramid_gguf.planning.plan.plan_ladder` ranks first for that budget (which
+        tiers, and each one's GPU layers), telling ``say`` what it chose. ``tier_loads``
+        overrides ``load`` per tier (``draft``/``qualifier``/``target``) instead.
         """
         spec = spec or SpecConfig()
-        paths.shape.check(spec.mode)  # before anything loads
-        ladder = load_ladder(paths, load or LoadConfig(), tier_loads)
+        paths.shape.check(spec.mode)  # before planning or loading anything
+        base = load or LoadConfig()
+        if vram is not None:
+            from .planning.plan import describe, load_plan, plan_ladder
+
+            ranking = plan_ladder(paths, vram, base, name=name, spec=spec)
+            if say is not None:
+                say(describe(ranking, vram))
+            paths, tier_loads = load_plan(paths, ranking, base)
+        ladder = load_ladder(paths, base, tier_loads)
         try:
             return cls(ladder, spec, name or paths.target.stem, share_ngrams=share_ngrams)
         except BaseException:
@@ -141,20 +152,26 @@ class Pyramid:
         load: LoadConfig | None = None,
         spec: SpecConfig | None = None,
         name: str | None = None,
+        vram: str | int | None = None,
     ) -> Pyramid:
-        """:meth:`load` from file names (``draft="ngram"`` is the n-gram drafter)."""
-        paths = LadderPaths.of(target, qualifier, draft)
-        return cls.load(paths, load=load, spec=spec, name=name)
+        """:meth:`load` from file names (``draft="ngram"`` is the n-gram drafter); ``spec``
+        defaults to what ``tune`` saved for these files, else ``auto``, as on the CLI."""
+        r = resolve_ladder(paths=LadderPaths.of(target, qualifier, draft), fetch=False)
+        return cls.load(r.paths, load=load, spec=spec or r.spec, name=name, vram=vram)
 
     @classmethod
     def from_preset(
-        cls, preset: str, *, load: LoadConfig | None = None, spec: SpecConfig | None = None
+        cls,
+        preset: str,
+        *,
+        load: LoadConfig | None = None,
+        spec: SpecConfig | None = None,
+        vram: str | int | None = None,
     ) -> Pyramid:
-        """Load a ``models.toml`` preset, fetching what is missing first."""
-        from .models.presets import resolve_preset
-
-        r = resolve_preset(preset)
-        return cls.load(r.paths, load=load, spec=spec or r.spec, name=preset)
+        """Load a ``models.toml`` preset, fetching what is missing first; ``spec`` defaults to
+        what ``tune`` saved for its files, else the preset's recommendation, as on the CLI."""
+        r = resolve_ladder(preset)
+        return cls.load(r.paths, load=load, spec=spec or r.spec, name=preset, vram=vram)
 
     def close(self) -> None:
         self.ladder.close()

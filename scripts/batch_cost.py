@@ -20,8 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from pyramid_gguf.config import LoadConfig, default_threads
-from pyramid_gguf.decoding.calibrate import measure_curve
+from pyramid_gguf.core.load import LoadConfig, default_threads
+from pyramid_gguf.decoding.runtime.calibrate import measure_curve
 from pyramid_gguf.native import NativeModel, build_id
 
 SHOWN = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)

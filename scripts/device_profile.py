@@ -16,9 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.models.memory import model_memory
+from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.planning.compose import MAX_N, DeviceProfile, Shape
+from pyramid_gguf.planning.memory import model_memory
 
 
 def main() -> None:

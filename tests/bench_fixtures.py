@@ -9,8 +9,8 @@ from synth import write_tiny_llama
 
 from pyramid_gguf.api import Pyramid
 from pyramid_gguf.bench.prompts import BenchPrompt
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.ladder import LadderPaths
+from pyramid_gguf.core.ladder import LadderPaths
+from pyramid_gguf.core.load import LoadConfig
 
 PROMPTS = [
     BenchPrompt("code", "a", "def the return value"),

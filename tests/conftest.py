@@ -19,7 +19,7 @@ import pytest
 from synth import CHATML_TEMPLATE, TinySpec, write_tiny_llama
 
 from pyramid_gguf import Pyramid
-from pyramid_gguf.config import LoadConfig
+from pyramid_gguf.core.load import LoadConfig
 
 #: Tiny models run fastest single-threaded: llama.cpp's thread sync costs more than they do.
 TINY_LOAD = LoadConfig(n_ctx=512, n_batch=128, n_threads=1, n_threads_batch=1, flash_attn=False)

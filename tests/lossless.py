@@ -17,20 +17,21 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from pyramid_gguf.api import Pyramid
-from pyramid_gguf.config import SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.engine import decode, make_rounds
-from pyramid_gguf.decoding.sampling import Sampler
-from pyramid_gguf.decoding.stats import GenerationStats
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.core.spec import SpecConfig
+from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.runtime.engine import decode, make_rounds
+from pyramid_gguf.decoding.runtime.sampling import Sampler
+from pyramid_gguf.decoding.runtime.stats import GenerationStats
 from pyramid_gguf.native import supports_gpu_offload
 
 #: Stated bounds on how far under the target's top logit either token of a permitted
 #: divergence may be. Tiny f32 models: batched and one-token logits differ by ~1e-4 here.
 #: Real Q4/Q5 models: first differences were near-ties of at most 0.25 logits on the
-#: Qwen2.5-Coder 1.5B (README, "What lossless means"); llama.cpp's kernels differ by up to ~0.7.
-#: A GPU build offloads the tiny models too: there batch shape picks the kernel (matrix-vector,
-#: MMQ or cuBLAS, with f16 intermediates) and logits differ by up to 0.032 (H100, README "On a
-#: GPU"); the tiny models' bound is then 0.05.
+#: Qwen2.5-Coder 1.5B (docs/ALGORITHMS.md, "What lossless means"); llama.cpp's kernels differ by up
+#: to ~0.7. A GPU build offloads the tiny models too: there batch shape picks the kernel
+#: (matrix-vector, MMQ or cuBLAS, with f16 intermediates) and logits differ by up to 0.032 (H100,
+#: docs/BENCHMARKS.md "On a GPU"); the tiny models' bound is then 0.05.
 ON_GPU = supports_gpu_offload()
 TINY_TIE = 5e-2 if ON_GPU else 1e-3
 REAL_TIE = 1.0

@@ -14,15 +14,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pyramid_gguf"
 
 #: Layers, lowest first (docs/ARCHITECTURE.md). A module may import its own layer or lower.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "config", "modes", "ladder", "files", "gguf_header", "textstream"),
+    ("core",),
     ("native",),
     ("models",),
-    ("decoding",),
+    ("decoding", "decoding.pricing"),
+    ("decoding.runtime",),
+    ("decoding.offline",),
     ("planning",),
     ("api",),
     ("bench", "serving"),
     ("cli", "__main__"),
 )
+#: Packages split into layers of their own (``decoding.runtime`` is one part, not ``decoding``).
+SPLIT = ("decoding",)
 #: Packages of one layer that must not import each other.
 APART = {("bench", "serving"), ("serving", "bench")}
 
@@ -67,8 +71,11 @@ def imports_of(path: Path) -> set[str]:
 
 
 def top_part(module: str) -> str | None:
-    """``pyramid_gguf.decoding.auto`` -> ``decoding``; the package itself -> None."""
+    """``pyramid_gguf.api`` -> ``api``, ``pyramid_gguf.decoding.runtime.auto`` ->
+    ``decoding.runtime``; the package itself -> None."""
     parts = module.split(".")
+    if len(parts) > 3 and parts[1] in SPLIT:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else None
 
 
@@ -76,7 +83,7 @@ GRAPH = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def test_imports_run_downward() -> None:
-    assert len(GRAPH) > 40 and "pyramid_gguf.decoding.auto" in GRAPH
+    assert len(GRAPH) > 40 and "pyramid_gguf.decoding.runtime.auto" in GRAPH
     wrong = []
     for module, targets in GRAPH.items():
         here = top_part(module)
@@ -115,10 +122,15 @@ def test_no_import_cycles() -> None:
     "module",
     [
         "pyramid_gguf",
-        "pyramid_gguf.decoding.acceptance",
-        "pyramid_gguf.decoding.policy",
-        "pyramid_gguf.decoding.chains",
-        "pyramid_gguf.models.planner",
+        "pyramid_gguf.core.spec",
+        "pyramid_gguf.decoding.runtime.acceptance",
+        "pyramid_gguf.decoding.runtime.sampling",
+        "pyramid_gguf.decoding.pricing.policy",
+        "pyramid_gguf.decoding.pricing.chains",
+        "pyramid_gguf.decoding.pricing.estimates",
+        "pyramid_gguf.planning.vram",
+        "pyramid_gguf.planning.compose",
+        "pyramid_gguf.serving.schemas",
     ],
 )
 def test_pure_modules_import_without_llama_cpp(module: str) -> None:
@@ -129,7 +141,7 @@ def test_pure_modules_import_without_llama_cpp(module: str) -> None:
 
 def test_the_public_api_loads_llama_cpp_before_numpy() -> None:
     """``from pyramid_gguf import Pyramid`` loads llama.cpp's libraries before numpy's (a CUDA
-    model segfaulted in one environment otherwise: README, "On a GPU")."""
+    model segfaulted in one environment otherwise: docs/ARCHITECTURE.md, "Loading order")."""
     code = (
         "import sys, pyramid_gguf; assert 'numpy' not in sys.modules; "
         "order = []\n"

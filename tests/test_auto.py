@@ -1,9 +1,9 @@
 """``auto``'s scheduling on a scripted target (no model): what it bets, and what it risks.
 
-The target here (:mod:`pyramid_gguf.decoding.replay`) always predicts a fixed token sequence,
-so every n-gram proposal is kept or refused deterministically and the only thing under test is
-the scheduler: the cost curve, the acceptance estimates, the budget
-(:class:`pyramid_gguf.decoding.policy.Budget`) and shadow blocks.
+The target here (:mod:`pyramid_gguf.decoding.offline.replay`) always predicts a fixed token
+sequence, so every n-gram proposal is kept or refused deterministically and the only thing under
+test is the scheduler: the cost curve, the acceptance estimates, the budget
+(:class:`pyramid_gguf.decoding.pricing.policy.Budget`) and shadow blocks.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import numpy as np
 import pytest
 from test_policy import AVX512, NOAMX
 
-from pyramid_gguf.config import SamplingConfig, SpecConfig
-from pyramid_gguf.decoding import ngram, policy
-from pyramid_gguf.decoding.auto import AutoRounds
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.replay import ScriptedTarget, replay
-from pyramid_gguf.decoding.sampling import Sampler
-from pyramid_gguf.decoding.stats import AutoStats, GenerationStats
-from pyramid_gguf.decoding.tiers import Ladder, ModelTier
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.core.spec import SpecConfig
+from pyramid_gguf.decoding.offline.replay import ScriptedTarget, replay
+from pyramid_gguf.decoding.pricing import policy
+from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.runtime import ngram
+from pyramid_gguf.decoding.runtime.auto import AutoRounds
+from pyramid_gguf.decoding.runtime.sampling import Sampler
+from pyramid_gguf.decoding.runtime.stats import AutoStats, GenerationStats
+from pyramid_gguf.decoding.runtime.tiers import Ladder, ModelTier
 
 
 def run_auto(

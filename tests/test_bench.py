@@ -18,9 +18,10 @@ from pyramid_gguf.bench.report import report, to_csv
 from pyramid_gguf.bench.results import aggregate, agreement
 from pyramid_gguf.bench.runner import run_bench
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.config import SamplingConfig, SpecConfig
-from pyramid_gguf.errors import UserError
-from pyramid_gguf.ladder import LadderPaths
+from pyramid_gguf.core.errors import UserError
+from pyramid_gguf.core.ladder import LadderPaths
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.core.spec import SpecConfig
 
 GREEDY = SamplingConfig(temperature=0, max_tokens=12)
 ALL = ["target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]

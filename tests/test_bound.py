@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from pyramid_gguf.decoding.auto import ROUND_OVERHEAD
-from pyramid_gguf.decoding.bound import copy_bound, copy_runs
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.replay import replay
+from pyramid_gguf.decoding.offline.bound import copy_bound, copy_runs
+from pyramid_gguf.decoding.offline.replay import replay
+from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.runtime.auto import ROUND_OVERHEAD
 
 LINEAR = CostCurve.shaped(1.0, 0.1)
 

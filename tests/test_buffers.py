@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.calibrate import cache_key
-from pyramid_gguf.errors import UserError
+from pyramid_gguf.core.errors import UserError
+from pyramid_gguf.decoding.runtime.calibrate import cache_key
 from pyramid_gguf.native import NativeModel, buffers, build_has_amx_kernels, supports_gpu_offload
 from pyramid_gguf.native.buffers import (
     REPACK,

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from conftest import TINY_LOAD
 
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.decoding.calibrate import (
+from pyramid_gguf.decoding.runtime.calibrate import (
     MAX_N,
     cache_key,
     cache_path,
@@ -23,7 +23,7 @@ from pyramid_gguf.decoding.calibrate import (
     measure_curve,
     probe_identity,
 )
-from pyramid_gguf.decoding.tiers import ModelTier
+from pyramid_gguf.decoding.runtime.tiers import ModelTier
 from pyramid_gguf.native import NativeModel
 
 
@@ -69,7 +69,7 @@ def test_a_slow_spell_does_not_bend_the_curve(
 ) -> None:
     """Whichever six consecutive timings a burst slows, it slows one round of a size at most,
     and the median round is fast: the curve is the model's own, n ms for n tokens."""
-    from pyramid_gguf.decoding import calibrate as module
+    from pyramid_gguf.decoding.runtime import calibrate as module
 
     model = _SlowSpell(slow_from)
     monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: model.clock))

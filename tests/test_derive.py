@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from synth import TinySpec, write_tiny_llama
 
 from pyramid_gguf.cli.models import derive as derive_cmd
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.errors import UserError
+from pyramid_gguf.core.errors import UserError
+from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.models.derive import (
     KEY_DERIVED_FROM,
     KEY_KEEP_LAYERS,

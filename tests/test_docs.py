@@ -1,6 +1,6 @@
 """The README's and docs/ALGORITHMS.md's mode and knob tables say what the code does: the modes
-of :data:`~pyramid_gguf.modes.MODES` (lossless or not, tiers needed) and the knobs of
-:data:`~pyramid_gguf.config.SPEC_KNOBS` with :class:`~pyramid_gguf.config.SpecConfig`'s
+of :data:`~pyramid_gguf.core.modes.MODES` (lossless or not, tiers needed) and the knobs of
+:data:`~pyramid_gguf.core.spec.SPEC_KNOBS` with :class:`~pyramid_gguf.core.spec.SpecConfig`'s
 defaults."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pyramid_gguf.config import SPEC_KNOBS, SpecConfig
-from pyramid_gguf.modes import MODES
+from pyramid_gguf.core.modes import MODES
+from pyramid_gguf.core.spec import SPEC_KNOBS, SpecConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDS = {1: "target", 2: "draft, target", 3: "all three"}
@@ -72,3 +72,45 @@ def test_knob_table_matches_spec_knobs_and_defaults() -> None:
     assert set(documented) == knobs
     for name, value in documented.items():
         assert value == shown(defaults[name]), (name, value)
+
+
+def readme_commands() -> list[str]:
+    """Every ``pyramid-gguf ...`` line of the README's bash blocks (comments dropped)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    lines = [ln.split("  #")[0].strip() for b in blocks for ln in b.splitlines()]
+    cmds = []
+    for ln in lines:
+        for part in ln.split("&&"):
+            part = part.strip()
+            if part.startswith("pyramid-gguf"):
+                cmds.append(part)
+    return cmds
+
+
+def test_the_readme_shows_commands() -> None:
+    assert len(readme_commands()) >= 10
+
+
+@pytest.mark.parametrize("line", readme_commands())
+def test_every_readme_command_parses(line: str) -> None:
+    """Each command the README shows names a real command and flags it accepts (parsed as the
+    CLI parses it, nothing run)."""
+    import shlex
+
+    import click
+
+    from pyramid_gguf.cli.main import main
+
+    args = shlex.split(line)[1:]
+    ctx = main.make_context("pyramid-gguf", args)
+    command: click.Command = main
+    while isinstance(command, click.Group):
+        rest = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        if not rest:
+            break
+        name, sub, rest = command.resolve_command(ctx, rest)
+        assert sub is not None, line
+        ctx = sub.make_context(name, rest, parent=ctx)
+        command = sub
+    assert command is not main, line

@@ -9,8 +9,8 @@ import pytest
 from lossless import TINY_TIE, assert_same_or_near_tie, kernel_atol
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.errors import ContextOverflow, UserError
+from pyramid_gguf.core.errors import ContextOverflow, UserError
+from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.native import NativeModel
 
 PROMPTS = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hub_server import HubServer, hf_tier_toml, make_chunk_wheels
 
-from pyramid_gguf.errors import UserError
+from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.models.fetch import assemble_pypi
 from pyramid_gguf.models.registry import parse_registry
 
@@ -21,7 +21,7 @@ SHA = hashlib.sha256(PAYLOAD).hexdigest()
 
 _PULL = """
 import sys
-from pyramid_gguf.errors import UserError
+from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.models.presets import pull_preset
 try:
     print(pull_preset(sys.argv[1]).paths.target)

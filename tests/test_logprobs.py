@@ -15,9 +15,9 @@ from lossless import kernel_atol, target_logits_at
 from test_server import live_server
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.calibrate import Calibration
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.sampling import log_softmax
+from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.runtime.calibrate import Calibration
+from pyramid_gguf.decoding.runtime.sampling import log_softmax
 from pyramid_gguf.serving.settings import ServerSettings
 
 

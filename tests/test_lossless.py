@@ -22,8 +22,8 @@ from lossless import TINY_TIE, assert_same_or_near_tie, generate, shaped_costs
 from test_acceptance import chi_square_pvalue
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.sampling import warp
-from pyramid_gguf.decoding.tiers import ModelTier
+from pyramid_gguf.decoding.runtime.sampling import warp
+from pyramid_gguf.decoding.runtime.tiers import ModelTier
 
 HOT = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4, ignore_eos=True)
 GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)

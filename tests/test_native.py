@@ -10,9 +10,9 @@ import pytest
 from llama_cpp import Llama
 from lossless import kernel_atol
 
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.errors import ContextOverflow, ModelFileError
-from pyramid_gguf.files import check_gguf_path
+from pyramid_gguf.core.errors import ContextOverflow, ModelFileError
+from pyramid_gguf.core.files import check_gguf_path
+from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.native import NativeModel
 
 TEXT = "the model of the tree and the graph return data"

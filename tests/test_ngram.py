@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyramid_gguf.decoding.ngram import (
+from pyramid_gguf.decoding.runtime.ngram import (
     COPY_EVIDENCE,
     KEY,
     NGramDrafter,

@@ -19,18 +19,18 @@ import pytest
 from click.testing import CliRunner
 from synth import TinySpec, write_tiny_llama
 
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.errors import ModelFileError, UserError
-from pyramid_gguf.gguf_header import read_header
-from pyramid_gguf.ladder import LadderPaths
-from pyramid_gguf.models import planner
-from pyramid_gguf.models.memory import GiB, MiB, ModelMemory, model_memory, parse_size
-from pyramid_gguf.models.planner import (
+from pyramid_gguf.core.errors import ModelFileError, UserError
+from pyramid_gguf.core.gguf_header import read_header
+from pyramid_gguf.core.ladder import LadderPaths
+from pyramid_gguf.core.load import LoadConfig
+from pyramid_gguf.planning import vram as planner
+from pyramid_gguf.planning.memory import GiB, MiB, ModelMemory, model_memory, parse_size
+from pyramid_gguf.planning.vram import (
     Plan,
     apply_plan,
+    fit_ladder,
     make_plan,
     placement,
-    plan_ladder,
     tier_load_config,
     tier_plan,
 )
@@ -211,7 +211,7 @@ def test_kv_quant_auto_fits_more(tiny_ladder: dict[str, Path]) -> None:
 
 def test_tier_load_config_and_apply_plan(tiny_ladder: dict[str, Path]) -> None:
     paths = LadderPaths(tiny_ladder["target"], draft=tiny_ladder["draft"])
-    p = plan_ladder(64 * GiB, paths, LoadConfig(n_ctx=256))
+    p = fit_ladder(64 * GiB, paths, LoadConfig(n_ctx=256))
     assert p.tier_names == ("draft", "target")
     assert apply_plan(p, "draft") == 3
     assert apply_plan(p, "target") == 5
@@ -410,7 +410,7 @@ def test_synth_f16_tied_model_plans_and_loads(tmp_path: Path) -> None:
     assert mm.layer_bytes[0] == 4 * 2 * spec.n_embd + 2 * (
         2 * spec.n_embd * spec.n_embd + 2 * 32 * spec.n_embd + 3 * spec.n_ff * spec.n_embd
     )
-    p = plan_ladder(GiB, LadderPaths(path), LoadConfig(n_ctx=256))
+    p = fit_ladder(GiB, LadderPaths(path), LoadConfig(n_ctx=256))
     with NativeModel(path, tier_load_config(p, "target", LoadConfig(n_ctx=256))) as m:
         assert m.n_layer == spec.n_layer
         assert m.eval(m.vocab.tokenize("the cat"), logits_at=[-1]).shape == (1, mm.n_vocab)

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from traces_fixtures import synthetic_set
 
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.models.memory import GiB, ModelMemory
+from pyramid_gguf.core.load import LoadConfig
+from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.planning.compose import DeviceProfile, Link, Shape, composed_curve, split
+from pyramid_gguf.planning.memory import GiB, ModelMemory
 from pyramid_gguf.planning.rank import (
     ALL,
     NO_QUALIFIER,

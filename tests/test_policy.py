@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from pyramid_gguf.decoding import policy
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.estimates import ChainAcceptance, NGramAcceptance, Rate
+from pyramid_gguf.decoding.pricing import policy
+from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.pricing.estimates import ChainAcceptance, NGramAcceptance, Rate
 
 #: Measured on a 2-core AVX-512 machine (issue 12): the 1.5B Q4_K_M target, ms per decode of
 #: k tokens; repacked weights are multiplied in rows of 4, so 5 tokens cost far more than 4.

@@ -21,9 +21,10 @@ from pyramid_gguf.bench.quality import TokenQuality, score_answer, score_rows
 from pyramid_gguf.bench.report import format_table, report, to_csv
 from pyramid_gguf.bench.results import aggregate
 from pyramid_gguf.bench.runner import run_bench
-from pyramid_gguf.config import SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.stats import AutoStats
-from pyramid_gguf.ladder import LadderPaths
+from pyramid_gguf.core.ladder import LadderPaths
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.core.spec import SpecConfig
+from pyramid_gguf.decoding.runtime.stats import AutoStats
 
 try:
     import tomllib

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pyramid_gguf.errors import UserError
+from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.models.presets import DEFAULT_PRESET, describe, preset_names, resolve_preset
 from pyramid_gguf.models.registry import (
     TIERS,

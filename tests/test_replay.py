@@ -13,9 +13,9 @@ from traces_fixtures import synthetic_set, synthetic_trace
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.bench.traces import record_traces
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.replay import replay_trace
-from pyramid_gguf.decoding.traces import TraceSet
+from pyramid_gguf.decoding.offline.replay import replay_trace
+from pyramid_gguf.decoding.offline.traces import TraceSet
+from pyramid_gguf.decoding.pricing.costs import CostCurve
 
 #: A GPU-like target (a batch costs about one token) and cheap lower tiers.
 GPU = {

@@ -22,8 +22,10 @@ from hub_server import make_chunk_wheels
 
 from pyramid_gguf.cli import run as run_module
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.config import LoadConfig, SamplingConfig, SpecConfig, max_threads
-from pyramid_gguf.errors import UserError
+from pyramid_gguf.core.errors import UserError
+from pyramid_gguf.core.load import LoadConfig, max_threads
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.core.spec import SpecConfig
 from pyramid_gguf.models import fetch
 
 FAST = ["-t", "1", "-c", "512", "--temp", "0", "-n", "12"]
@@ -326,12 +328,12 @@ def test_context_smaller_than_llama_cpp_makes_is_refused(tiny_target: Path) -> N
 def test_mode_needing_a_missing_tier_fails_before_loading(
     tiny_target: Path, tiny_draft: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pyramid_gguf.cli import ladders
+    from pyramid_gguf import api
 
     def no_loading(*args: object, **kwargs: object) -> None:
         raise AssertionError("loaded models for a mode they cannot run")
 
-    monkeypatch.setattr(ladders.Pyramid, "load", no_loading)
+    monkeypatch.setattr(api, "load_ladder", no_loading)
     ladder = ["--target", str(tiny_target), "--draft", str(tiny_draft)]
     code, _, err = invoke("run", *ladder, "-p", "x", *FAST, "--mode", "psd-exact")
     one_error_line(code, err, "mode psd-exact needs a qualifier model")

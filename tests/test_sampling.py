@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyramid_gguf.config import SamplingConfig
-from pyramid_gguf.decoding.sampling import sample, softmax, warp
-from pyramid_gguf.errors import UserError
+from pyramid_gguf.core.errors import UserError
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.decoding.runtime.sampling import sample, softmax, warp
 
 
 def cfg(**kw: object) -> SamplingConfig:

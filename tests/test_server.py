@@ -29,7 +29,8 @@ from synth import CHATML_TEMPLATE, write_tiny_llama
 
 from pyramid_gguf.api import Pyramid
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.config import LoadConfig, SpecConfig
+from pyramid_gguf.core.load import LoadConfig
+from pyramid_gguf.core.spec import SpecConfig
 from pyramid_gguf.serving.app import create_app
 from pyramid_gguf.serving.settings import ServerSettings, resolve_chat_format
 

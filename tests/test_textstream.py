@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyramid_gguf.textstream import TextStream
+from pyramid_gguf.core.textstream import TextStream
 
 
 def test_multibyte_character_split_across_tokens_is_held_back() -> None:

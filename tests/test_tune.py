@@ -11,19 +11,13 @@ from bench_fixtures import PROMPTS, load_ladder, write_ladder
 from click.testing import CliRunner
 
 from pyramid_gguf.bench.results import RowResult
-from pyramid_gguf.bench.tune import (
-    TuneResult,
-    candidates,
-    ladder_key,
-    load_tuned,
-    save_tuned,
-    tune,
-    tuned_path,
-    winner,
-)
+from pyramid_gguf.bench.tune import TuneResult, candidates, tune, winner
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.config import SamplingConfig, SpecConfig
-from pyramid_gguf.ladder import NGRAM, LadderPaths, LadderShape
+from pyramid_gguf.core.ladder import NGRAM, LadderPaths, LadderShape
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.core.spec import SpecConfig
+from pyramid_gguf.models.resolve import resolve_ladder
+from pyramid_gguf.models.tuned import ladder_key, load_tuned, save_tuned, tuned_path
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +60,17 @@ def test_load_tuned_round_trip(ladder_paths: LadderPaths, home: Path) -> None:
     assert load_tuned(ladder_paths) is None
     spec = SpecConfig(mode="sd", l_d=6, p_min=0.2)
     result = TuneResult(spec, False, 1.3, 13.0, 10.0, 0.0, 0.0, ladder_key(ladder_paths))
-    path = save_tuned(result, ladder_paths)
+    path = save_tuned(ladder_paths, result.to_dict())
     assert path.parent == home / "tuned"
     assert load_tuned(ladder_paths) == spec
     assert load_tuned(replace(ladder_paths, draft=NGRAM)) is None  # another ladder
     data = json.loads(path.read_text())
     assert data["ladder"]["target"]["size"] == ladder_paths.target.stat().st_size
+    resolved = resolve_ladder(paths=ladder_paths)  # what the CLI and the API load
+    assert resolved.tuned and resolved.spec == spec
     path.write_text("{broken")
     assert load_tuned(ladder_paths) is None
+    assert resolve_ladder(paths=ladder_paths).spec == SpecConfig()
 
 
 def test_candidates() -> None:

@@ -9,8 +9,8 @@ import pytest
 from synth import TinySpec, write_tiny_llama
 
 from pyramid_gguf import Pyramid
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.errors import VocabularyMismatch
+from pyramid_gguf.core.errors import VocabularyMismatch
+from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.models.vocab_check import check_same_vocabulary
 
 

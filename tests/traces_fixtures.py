@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyramid_gguf.decoding.traces import TierTrace, Trace, TraceSet
+from pyramid_gguf.decoding.offline.traces import TierTrace, Trace, TraceSet
 
 
 def synthetic_trace(

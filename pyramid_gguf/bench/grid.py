@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import KNOBS, SpecConfig
-from ..errors import UserError
-from ..modes import mode_info
+from ..core.errors import UserError
+from ..core.modes import mode_info
+from ..core.spec import KNOBS, SpecConfig
 
 #: Knobs ``--sweep`` accepts: every speculative knob but the mode itself.
 SWEEP_KNOBS: tuple[str, ...] = tuple(k for k in KNOBS if k != "mode")
@@ -34,18 +34,18 @@ class BenchConfig:
 
 
 def parse_modes(text: str | Sequence[str] | None, allowed: Sequence[str]) -> list[str]:
-    """``--modes sd,psd-exact`` -> the modes to run, ``target`` always first (the reference)."""
+    """``--modes sd,psd-exact`` -> the modes to run, ``target`` always first (the reference).
+    ``allowed``: the modes the ladder runs (:attr:`~pyramid_gguf.core.ladder.LadderShape.modes`)."""
     if text is None or text == "" or text == "all":
         wanted = list(allowed)
     else:
         items = text.split(",") if isinstance(text, str) else list(text)
         wanted = [m.strip() for m in items if m.strip()]
     for m in wanted:
-        info = mode_info(m)
+        mode_info(m)  # an unknown mode names the valid ones
         if m not in allowed:
             raise UserError(
-                f"mode {m} needs a {'qualifier and a ' if info.n_tiers == 3 else ''}draft "
-                f"model; this ladder allows: {', '.join(allowed)}"
+                f"mode {m} needs a tier this ladder lacks; this ladder allows: {', '.join(allowed)}"
             )
     return ["target", *[m for m in dict.fromkeys(wanted) if m != "target"]]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 #: Where a HumanEval completion ends (the usual stop sequences of the benchmark).
 STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ", "\n```")

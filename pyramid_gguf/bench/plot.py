@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 if TYPE_CHECKING:
     from .results import RowResult

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 PROMPT_SETS = ("code", "edit", "chat", "qa", "summarize", "rag")
 _DATA = Path(__file__).resolve().parent.parent / "data" / "prompts"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..decoding.tiers import ModelTier
+from ..decoding.runtime.tiers import ModelTier
 from ..native import NativeModel
 
 #: Answer rows read per teacher-forced batch (each row is ``n_vocab`` float32).

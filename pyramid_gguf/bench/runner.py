@@ -2,9 +2,9 @@
 
 :func:`run_bench` runs repeat -> prompt -> row, so machine noise hits every row alike, then
 each HumanEval problem under every row, and keeps each generation's tokens and
-:class:`~pyramid_gguf.decoding.stats.GenerationStats` as a :class:`Sample`; with ``quality``,
-the target then scores every answer teacher-forced (:mod:`.quality`), after all timing is
-done. :mod:`.results` reduces them.
+:class:`~pyramid_gguf.decoding.runtime.stats.GenerationStats` as a :class:`Sample`; with
+``quality``, the target then scores every answer teacher-forced (:mod:`.quality`), after all timing
+is done. :mod:`.results` reduces them.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import Pyramid
-from ..config import SamplingConfig
-from ..decoding.stats import GenerationStats
-from ..errors import UserError
+from ..core.errors import UserError
+from ..core.sampling import SamplingConfig
+from ..decoding.runtime.stats import GenerationStats
 from .grid import BenchConfig
 from .prompts import BenchPrompt
 from .quality import TokenQuality, score_answers

@@ -3,7 +3,7 @@
 For each prompt: the target's greedy answer (``target`` mode, as ``bench`` runs it, the chat
 template applied), then every tier evaluates the prompt and the answer teacher-forced, in
 batches, reading exactly the answer's rows. From those rows each lower tier's
-:class:`~pyramid_gguf.decoding.traces.TierTrace` is computed: argmax, temperature-1 top
+:class:`~pyramid_gguf.decoding.offline.traces.TierTrace` is computed: argmax, temperature-1 top
 probability, and the overlap of its warped distribution with the target's at the recording
 temperature. About the cost of one ``target`` generation per prompt plus one batch per tier.
 """
@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..api import Pyramid
-from ..config import SamplingConfig, SpecConfig
-from ..decoding.sampling import softmax, warp
-from ..decoding.tiers import ModelTier
-from ..decoding.traces import TierTrace, Trace, TraceSet
+from ..core.sampling import SamplingConfig
+from ..core.spec import SpecConfig
+from ..decoding.offline.traces import TierTrace, Trace, TraceSet
+from ..decoding.runtime.sampling import softmax, warp
+from ..decoding.runtime.tiers import ModelTier
 from ..native import build_id
 from .prompts import BenchPrompt
 from .quality import forced_chunks

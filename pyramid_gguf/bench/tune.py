@@ -14,85 +14,29 @@ Quality drop of a row: 0 for lossless modes (sd, psd-exact: same distribution as
 construction), else ``1 - positional token agreement`` with the target's output on the same
 prompts. ``max_quality_drop=0`` therefore allows lossless modes only.
 
-The result is written to ``$PYRAMID_GGUF_HOME/tuned/<ladder-key>.json``; :func:`load_tuned`
-reads it back as a :class:`SpecConfig` (what ``run`` uses when no mode flag is given).
+The result is written by :func:`~pyramid_gguf.models.tuned.save_tuned`; the ladder resolution
+(:mod:`pyramid_gguf.models.resolve`) reads it back as a :class:`SpecConfig` (what ``run`` uses when
+no mode flag is given).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..api import Pyramid
-from ..config import SamplingConfig, SpecConfig, cache_home
-from ..errors import UserError
-from ..ladder import TIERS, LadderPaths, LadderShape
-from ..modes import modes_for
+from ..core.ladder import LadderPaths, LadderShape
+from ..core.sampling import SamplingConfig
+from ..core.spec import SpecConfig
+from ..models.tuned import ladder_key, save_tuned
 from .grid import BenchConfig
 from .prompts import BenchPrompt
 from .results import RowResult, aggregate
 from .runner import run_bench
-
-TUNED_VERSION = 1
-
-
-# --- where tuned configs live ----------------------------------------------------------------
-
-
-def _fingerprint(paths: LadderPaths) -> list[list[Any]]:
-    items: list[list[Any]] = []
-    for tier in TIERS:
-        value = paths.get(tier)
-        if not isinstance(value, Path):
-            items.append([tier, None if value is None else str(value), 0])
-            continue
-        p = value.expanduser()
-        try:
-            p = p.resolve()
-            size = p.stat().st_size
-        except OSError:
-            size = -1
-        items.append([tier, str(p), size])
-    return items
-
-
-def ladder_key(paths: LadderPaths) -> str:
-    """Hash of the ladder's resolved model paths and sizes (``ngram`` / absent tiers included)."""
-    blob = json.dumps(_fingerprint(paths), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def tuned_dir() -> Path:
-    return cache_home() / "tuned"
-
-
-def tuned_path(paths: LadderPaths) -> Path:
-    """``$PYRAMID_GGUF_HOME/tuned/<ladder-key>.json``."""
-    return tuned_dir() / f"{ladder_key(paths)}.json"
-
-
-def load_tuned(paths: LadderPaths) -> SpecConfig | None:
-    """The tuned :class:`SpecConfig` of this ladder, or None (never tuned, stale or unreadable).
-
-    A model file replaced by another of a different size changes the key, so its old result
-    is not used.
-    """
-    try:
-        data = json.loads(tuned_path(paths).read_text(encoding="utf-8"))
-        if data.get("version") != TUNED_VERSION:
-            return None
-        known = {f.name for f in fields(SpecConfig)}
-        return SpecConfig(**{k: v for k, v in data["spec"].items() if k in known})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError):
-        return None
-
 
 # --- candidates ------------------------------------------------------------------------------
 
@@ -124,8 +68,7 @@ def candidates(
                 out.append(
                     BenchConfig.of(base, "psd-f", l_d=4, l_q=8, tau_q=tau, tau_t=tau, p_min=0.0)
                 )
-    runnable = set(modes_for(shape.n_tiers))
-    return [c for c in out if c.spec.mode in runnable]
+    return [c for c in out if shape.runs(c.spec.mode)]
 
 
 def quality_drop(row: RowResult) -> float:
@@ -165,11 +108,9 @@ class TuneResult:
     seconds: float = 0.0
     path: Path | None = None
 
-    def to_dict(self, ladder: dict[str, Any] | None = None) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
-            "version": TUNED_VERSION,
             "ladder_key": self.ladder_key,
-            "ladder": ladder or {},
             "spec": asdict(self.spec),
             "recommend_target": self.recommend_target,
             "speedup": round(self.speedup, 4),
@@ -280,16 +221,5 @@ def tune(
         seconds=time.perf_counter() - t0,
     )
     if write:
-        result.path = save_tuned(result, paths)
+        result.path = save_tuned(paths, result.to_dict())
     return result
-
-
-def save_tuned(result: TuneResult, paths: LadderPaths) -> Path:
-    """Write ``result`` to :func:`tuned_path` atomically and return the path."""
-    path = tuned_path(paths)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ladder = {tier: {"path": p, "size": size} for tier, p, size in _fingerprint(paths)}
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result.to_dict(ladder), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path

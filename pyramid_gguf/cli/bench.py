@@ -18,11 +18,10 @@ from ..bench.report import format_table, report, to_csv
 from ..bench.results import aggregate
 from ..bench.runner import run_bench, total_steps
 from ..bench.traces import cpu_name
-from ..config import SpecConfig
-from ..errors import UserError
-from ..files import check_output, write_text
-from ..ladder import TIERS
-from ..modes import modes_for
+from ..core.errors import UserError
+from ..core.files import check_output, write_text
+from ..core.ladder import TIERS
+from ..core.spec import SpecConfig
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,
@@ -218,7 +217,7 @@ def bench(**params: Any) -> None:
     args = LadderArgs.from_params(params)
     resolved = resolve_ladder(args)
     modes_flag = params["modes"] if params["modes"] is not None else params["mode"]
-    modes = parse_modes(modes_flag, modes_for(resolved.paths.n_tiers))
+    modes = parse_modes(modes_flag, resolved.paths.shape.modes)
     base = spec_config_from({**params, "mode": None}, resolved.spec)
     configs = build_grid(modes, base, sweeps)
     problems: list[dict[str, Any]] = []

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from ..config import SpecConfig
-from ..decoding.chains import break_even, ladder_chains
+from ..core.spec import SpecConfig
+from ..decoding.pricing.chains import break_even, ladder_chains
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options
 

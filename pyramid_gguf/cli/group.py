@@ -8,25 +8,11 @@ from typing import Any
 import click
 
 from .interrupts import interrupts_outside_callbacks
-from .options import command_path, one_line
+from .options import OneLineUsage, one_line
 
 
-class PyramidGroup(click.Group):
+class PyramidGroup(OneLineUsage, click.Group):
     """A click group: bad command lines are one ``Error:`` line (exit 1), Ctrl-C exits 130."""
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent, **extra)
-        except click.exceptions.NoArgsIsHelpError:
-            raise  # no arguments at all: click's help
-        except click.UsageError as e:
-            raise one_line(e, command_path(parent, info_name)) from None
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]

@@ -1,7 +1,7 @@
 """Entry point: the ``pyramid-gguf`` click group.
 
 Every command is a :class:`~.options.PyramidCommand`: a
-:class:`~pyramid_gguf.errors.UserError` becomes one line on stderr (``Error: ...``) and exit
+:class:`~pyramid_gguf.core.errors.UserError` becomes one line on stderr (``Error: ...``) and exit
 status 1, never a traceback. The groups do the same for a malformed command line (an unknown
 command, with the closest one suggested, or an unknown option), and turn Ctrl-C into a quiet
 exit 130, also while llama.cpp is loading a model (:mod:`.interrupts`).

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from ..config import check_threads, default_threads
-from ..errors import UserError
+from ..core.errors import UserError
+from ..core.load import check_threads, default_threads
 from .group import PyramidGroup
 from .options import PyramidCommand, command
 
@@ -25,7 +25,7 @@ def _size(n: int | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_models(as_json: bool) -> None:
     """Presets, their tiers, and which files are present locally."""
-    from ..config import cache_home
+    from ..core.home import cache_home
     from ..models.presets import describe, preset_names
     from ..models.registry import get_preset
 

@@ -1,9 +1,9 @@
 """Option groups shared by the commands, and the typed configs built from them.
 
 Each decorator adds a group of flags; each ``*_from`` function turns the parsed flags into a
-frozen object (:class:`LadderArgs`, :class:`~pyramid_gguf.config.SamplingConfig`,
-:class:`~pyramid_gguf.config.SpecConfig`), so commands pass typed configs, never loose kwargs.
-The speculative flags are generated from :data:`~pyramid_gguf.config.SPEC_KNOBS`.
+frozen object (:class:`LadderArgs`, :class:`~pyramid_gguf.core.sampling.SamplingConfig`,
+:class:`~pyramid_gguf.core.spec.SpecConfig`), so commands pass typed configs, never loose kwargs.
+The speculative flags are generated from :data:`~pyramid_gguf.core.spec.SPEC_KNOBS`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from typing import Any, TypeVar
 
 import click
 
-from ..config import KV_TYPES, SPEC_KNOBS, LoadConfig, SamplingConfig, SpecConfig, default_threads
-from ..errors import UserError
-from ..ladder import TIERS, LadderPaths
+from ..core.errors import UserError
+from ..core.ladder import TIERS, LadderPaths
+from ..core.load import KV_TYPES, LoadConfig, default_threads
+from ..core.sampling import SamplingConfig
+from ..core.spec import SPEC_KNOBS, SpecConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,13 +36,10 @@ def command_path(parent: click.Context | None, info_name: str | None) -> str:
     return " ".join(filter(None, [parent.command_path if parent else "", info_name]))
 
 
-class PyramidCommand(click.Command):
-    """A click command whose bad input is one ``Error:`` line and exit status 1.
-
-    That covers a :class:`UserError` raised while running and a malformed command line
-    (unknown flag, a value of the wrong type, an invalid choice), which click would otherwise
-    answer with its usage block and status 2.
-    """
+class OneLineUsage:
+    """Mixed into a click command or group: a malformed command line (unknown flag, a value of
+    the wrong type, an invalid choice) is one ``Error:`` line and exit status 1, where click
+    would answer with its usage block and status 2. No arguments at all still shows help."""
 
     def make_context(
         self,
@@ -50,9 +49,16 @@ class PyramidCommand(click.Command):
         **extra: Any,
     ) -> click.Context:
         try:
-            return super().make_context(info_name, args, parent, **extra)
+            return super().make_context(info_name, args, parent, **extra)  # type: ignore[misc]
+        except click.exceptions.NoArgsIsHelpError:
+            raise
         except click.UsageError as e:
             raise one_line(e, command_path(parent, info_name)) from None
+
+
+class PyramidCommand(OneLineUsage, click.Command):
+    """A click command whose bad input is one ``Error:`` line and exit status 1: a malformed
+    command line (:class:`OneLineUsage`) and a :class:`UserError` raised while running."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

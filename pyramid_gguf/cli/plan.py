@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 
-from ..config import LoadConfig
-from ..ladder import LadderPaths
-from ..models.memory import MiB, fmt_mib, model_memory, parse_size
-from ..models.planner import KvQuant, Plan, make_plan, resolve_budget
-from ..planning import sources
-from ..planning.rank import Ranking, rank_ladder
+from ..core.ladder import LadderPaths
+from ..core.load import LoadConfig
+from ..planning.memory import MiB, fmt_mib, parse_size
+from ..planning.plan import PlanInputs, plan_ladder
+from ..planning.rank import Ranking
+from ..planning.vram import KvQuant, Plan, fit_ladder, resolve_budget
 from .options import (
     batch_size_option,
     cache_type_k_option,
@@ -184,29 +184,23 @@ def plan(
     """
     load = LoadConfig(n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)  # type: ignore[arg-type]
     paths = LadderPaths.of(target, qualifier, draft)
-    models = {tier: model_memory(p) for tier, p in paths.model_files().items()}
     budget = resolve_budget(vram)
     quant: KvQuant = "auto" if kv_quant == "auto" else "off"
     margin_bytes = None if margin is None else parse_size(margin)
     if fit:
-        result = make_plan(
-            list(models.items()), budget, load, kv_quant=quant, margin_bytes=margin_bytes
-        )
+        result = fit_ladder(budget, paths, load, kv_quant=quant, margin_bytes=margin_bytes)
         click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result))
         return
-    traces = sources.traces_for(paths.target.stem, traces_path)
-    if sets:
-        traces = traces.select([s.strip() for s in sets.split(",") if s.strip()])
-    ranking = rank_ladder(
-        models,
-        budget,
-        load,
-        traces,
-        sources.cpu_profile(cpu_profile),
-        sources.gpu_profile(gpu_profile),
+    inputs = PlanInputs(
+        traces=traces_path,
+        sets=tuple(s.strip() for s in (sets or "").split(",") if s.strip()),
+        cpu=cpu_profile,
+        gpu=gpu_profile,
+        gpu_offload=True,
         kv_quant=quant,
         margin=margin_bytes,
     )
+    ranking = plan_ladder(paths, budget, load, inputs=inputs)
     if as_json:
         click.echo(json.dumps(ranking.to_dict(), indent=2))
     else:

@@ -22,10 +22,11 @@ from typing import Any
 import click
 
 from ..api import Pyramid
-from ..config import SamplingConfig, SpecConfig
-from ..decoding.stats import GenerationStats
-from ..errors import UserError
-from ..native.vocab import encode_utf8
+from ..core.errors import UserError
+from ..core.sampling import SamplingConfig
+from ..core.spec import SpecConfig
+from ..core.textstream import encode_utf8
+from ..decoding.runtime.stats import GenerationStats
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,

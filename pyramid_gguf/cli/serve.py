@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..api import Pyramid
-from ..errors import UserError
+from ..core.errors import UserError
 from ..serving.settings import ServerSettings, resolve_chat_format
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options, spec_config_from, spec_options

@@ -2,8 +2,8 @@
 
 Answers every prompt of the chosen sets with the target (greedy), then has each lower tier read
 the answer teacher-forced, and saves what each would have proposed along it
-(:mod:`pyramid_gguf.decoding.traces`). ``plan`` ranks placements by replaying such traces; by
-default it reads the traces shipped for the default ladder.
+(:mod:`pyramid_gguf.decoding.offline.traces`). ``plan`` ranks placements by replaying such traces;
+by default it reads the traces shipped for the default ladder.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from typing import Any
 import click
 
 from ..bench.traces import record_traces
-from ..config import SamplingConfig, SpecConfig, cache_home
-from ..files import check_output
+from ..core.files import check_output
+from ..core.home import cache_home
+from ..core.sampling import SamplingConfig
+from ..core.spec import SpecConfig
 from .bench import prompt_options, prompts_from
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from ..config import require_writable
-from ..errors import UserError
+from ..core.errors import UserError
+from ..core.home import require_writable
 from .bench import bench_sampling_options, limit_per_set, prompt_options, prompts_from
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options, sampling_config_from
@@ -58,7 +58,7 @@ def tune(**params: Any) -> None:
     Result: $PYRAMID_GGUF_HOME/tuned/<ladder-key>.json.
     """
     from ..bench.tune import tune as run_tune
-    from ..bench.tune import tuned_dir
+    from ..models.tuned import tuned_dir
 
     if params["max_quality_drop"] < 0 or params["max_quality_drop"] > 1:
         raise UserError("--max-quality-drop must be in [0, 1]")

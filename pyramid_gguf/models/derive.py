@@ -18,8 +18,8 @@ from typing import Any
 
 import gguf
 
-from ..errors import UserError
-from ..files import check_gguf_path
+from ..core.errors import UserError
+from ..core.files import check_gguf_path
 from .fetch import file_sha256
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")

@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from ..config import cache_home
-from ..errors import UserError
+from ..core.errors import UserError
+from ..core.home import cache_home
 from .registry import Tier
 
 _CHUNK = 1 << 22

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import KNOBS, SpecConfig, default_threads, require_writable
-from ..errors import UserError
-from ..ladder import TIERS, LadderPaths
-from ..modes import mode_info
+from ..core.errors import UserError
+from ..core.home import require_writable
+from ..core.ladder import TIERS, LadderPaths
+from ..core.load import default_threads
+from ..core.modes import mode_info
+from ..core.spec import KNOBS, SpecConfig
 from . import derive
 from .fetch import assemble_pypi, fetch_hf, hf_cached, models_dir
 from .registry import Preset, Tier, get_preset, load_registry

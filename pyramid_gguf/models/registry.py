@@ -13,10 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..config import KNOBS, SpecConfig
-from ..errors import UserError
-from ..ladder import TIERS
-from ..modes import mode_info
+from ..core.errors import UserError
+from ..core.ladder import TIERS, LadderShape
+from ..core.spec import KNOBS, SpecConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -145,10 +144,11 @@ def _parse_preset(name: str, table: Any) -> Preset:
             raise UserError(f"{where} tier {tier.name!r}: derived from missing tier {missing!r}")
     knobs = {k: KNOBS[k].check(table[k], f"{where}.{k}") for k in KNOBS if k in table}
     spec = SpecConfig(**knobs)  # type: ignore[arg-type]
-    needs = mode_info(spec.mode).n_tiers
-    if needs > len(tiers):
+    shape = LadderShape(tuple(tiers))
+    if not shape.runs(spec.mode):
         raise UserError(
-            f"{where}: mode {spec.mode} needs {needs} tiers, the preset has {len(tiers)}"
+            f"{where}: mode {spec.mode} needs {spec.info.n_tiers} tiers, the preset has "
+            f"{shape.n_tiers} ({', '.join(shape.modes)} run on it)"
         )
     return Preset(name=name, description=str(table.get("description", "")), tiers=tiers, spec=spec)
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import VocabularyMismatch
+from ..core.errors import VocabularyMismatch
 
 MAX_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_ID = 5

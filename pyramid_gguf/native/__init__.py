@@ -8,13 +8,7 @@
 - :mod:`.vocab`: tokenizer and special tokens. :mod:`.chat`: chat templates.
 """
 
-from .backend import (
-    build_id,
-    ftype_names,
-    quantize,
-    supports_gpu_offload,
-    system_info,
-)
+from .backend import build_id, ftype_names, quantize, supports_gpu_offload, system_info
 from .buffers import build_has_amx_kernels
 from .chat import format_chat
 from .model import EvalTimer, NativeModel

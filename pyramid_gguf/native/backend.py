@@ -12,7 +12,7 @@ from typing import Any
 
 import llama_cpp
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 _lock = threading.Lock()
 _ready = False

@@ -38,9 +38,9 @@ import llama_cpp
 from gguf import GGMLQuantizationType
 from llama_cpp._ctypes_extensions import load_shared_library
 
-from ..config import LoadConfig
-from ..errors import ModelFileError
-from ..gguf_header import TensorInfo, read_header
+from ..core.errors import ModelFileError
+from ..core.gguf_header import TensorInfo, read_header
+from ..core.load import LoadConfig
 from .backend import init_backend, supports_gpu_offload
 
 #: Weights llama.cpp multiplies with ``GGML_OP_MUL_MAT`` (``LLM_TENSOR_INFOS`` in

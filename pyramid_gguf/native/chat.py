@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 
 def format_chat(

@@ -22,8 +22,8 @@ from typing import Any
 import llama_cpp
 from gguf import GGMLQuantizationType
 
-from ..config import KV_TYPES, LoadConfig
-from ..errors import ModelFileError, UserError
+from ..core.errors import ModelFileError, UserError
+from ..core.load import KV_TYPES, LoadConfig
 from .backend import captured_log
 from .buffers import parse_buffer_sizes, plan_placement
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
-from ..config import LoadConfig
-from ..errors import ContextOverflow
-from ..files import check_gguf_path
+from ..core.errors import ContextOverflow
+from ..core.files import check_gguf_path
+from ..core.load import LoadConfig
 from .buffers import describe_buffers
 from .handles import BatchHandle, ContextHandle, ModelHandle
 from .rollback import SequenceRollback

@@ -12,21 +12,7 @@ from typing import Any
 
 import llama_cpp
 
-from ..errors import UserError
-
-
-def encode_utf8(text: str, what: str) -> bytes:
-    """``text`` as UTF-8, or a :class:`UserError` naming ``what`` and the first bad character.
-
-    Python keeps undecodable input bytes as lone surrogates (U+DC80-U+DCFF for byte 0x80-0xFF),
-    which have no UTF-8 encoding.
-    """
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        bad = ord(text[e.start])
-        shown = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
-        raise UserError(f"{what} is not valid UTF-8: {shown} at character {e.start}") from None
+from ..core.textstream import encode_utf8
 
 
 class Vocab:

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from ..decoding.costs import CostCurve
-from ..errors import UserError
-from ..files import load_json
-from ..models.memory import ModelMemory
-from ..models.planner import placement
+from ..core.errors import UserError
+from ..core.files import load_json
+from ..decoding.pricing.costs import CostCurve
+from .memory import ModelMemory
+from .vram import placement
 
 #: Sizes every profile covers (longer batches extrapolate as a cost curve does).
 MAX_N = 16

@@ -3,11 +3,11 @@
 VRAM is the currency: a qualifier's gigabytes could instead hold target layers. A
 :class:`Placement` is one way to spend the budget (every tier, the draft first; no qualifier;
 the qualifier as the only draft; the draft on the CPU; the target alone), fitted by the memory
-planner (:func:`~pyramid_gguf.models.planner.make_plan`). :func:`rank` prices each one: the cost
+planner (:func:`~pyramid_gguf.planning.vram.make_plan`). :func:`rank` prices each one: the cost
 curve of every tier at its layer split, composed from device profiles
 (:mod:`.compose`), then ``auto`` replayed over acceptance traces recorded on real models
-(:func:`~pyramid_gguf.decoding.replay.replay_trace`): the same rounds, decisions and budget a
-generation would run, priced by those curves. Greedy decoding; every figure is a prediction and
+(:func:`~pyramid_gguf.decoding.offline.replay.replay_trace`): the same rounds, decisions and budget
+a generation would run, priced by those curves. Greedy decoding; every figure is a prediction and
 says what it was predicted from.
 """
 
@@ -17,16 +17,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..config import LoadConfig, SpecConfig
-from ..decoding.auto import ROUND_OVERHEAD
-from ..decoding.costs import CostCurve
-from ..decoding.replay import replay_trace
-from ..decoding.traces import TraceSet
-from ..errors import UserError
-from ..ladder import LadderPaths, LadderShape
-from ..models.memory import ModelMemory
-from ..models.planner import KvQuant, Plan, make_plan, tier_load_config, tier_plan
+from ..core.ladder import LadderShape
+from ..core.load import LoadConfig
+from ..core.spec import SpecConfig
+from ..decoding.offline.replay import replay_trace
+from ..decoding.offline.traces import TraceSet
+from ..decoding.pricing.costs import CostCurve
+from ..decoding.runtime.auto import ROUND_OVERHEAD
 from .compose import DeviceProfile, Link, composed_curve
+from .memory import ModelMemory
+from .vram import KvQuant, Plan, make_plan, tier_plan
 
 #: Placement names, in the order they are tried.
 ALL = "all tiers"
@@ -224,49 +224,3 @@ class Ranking:
         if self.gpu is not None:
             lines.append(f"GPU costs: profile {self.gpu.name} ({self.gpu.source})")
         return lines
-
-
-def rank_ladder(
-    models: Mapping[str, ModelMemory],
-    budget: int,
-    load: LoadConfig,
-    traces: TraceSet,
-    cpu: DeviceProfile,
-    gpu: DeviceProfile | None,
-    *,
-    spec: SpecConfig | None = None,
-    kv_quant: KvQuant = "off",
-    margin: int | None = None,
-) -> Ranking:
-    """Rank every placement of ``models`` in ``budget`` that can run ``spec``'s mode (any, for
-    ``auto``): a fixed mode keeps the tiers it needs."""
-    spec = spec or SpecConfig(mode="auto")
-    options = [
-        p
-        for p in placements(models, budget, load, kv_quant=kv_quant, margin=margin)
-        if spec.info.auto or _runs(p, spec)
-    ]
-    preds = rank(options, models, traces, cpu, gpu, spec=spec)
-    return Ranking(tuple(preds), traces, cpu, gpu)
-
-
-def _runs(placement: Placement, spec: SpecConfig) -> bool:
-    try:
-        placement.shape.check(spec.mode)
-    except UserError:
-        return False
-    return True
-
-
-def load_plan(
-    paths: LadderPaths, ranking: Ranking, base: LoadConfig
-) -> tuple[LadderPaths, dict[str, LoadConfig]]:
-    """The ladder to load for ``ranking``'s best placement: ``paths`` without the tiers it
-    drops (an n-gram draft stays) and each kept tier's load config (its GPU layers, op offload
-    and KV cache types from the placement's plan)."""
-    placement = ranking.best.placement
-    kept = placement.tiers
-    draft = paths.draft if paths.ngram or "draft" in kept else None
-    qualifier = paths.qualifier if "qualifier" in kept else None
-    loads = {t: tier_load_config(placement.plan, t, base) for t in kept}
-    return LadderPaths(paths.target, qualifier, draft), loads

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import cache_home
-from ..decoding.traces import TraceSet
+from ..core.home import cache_home
+from ..decoding.offline.traces import TraceSet
 from .compose import DeviceProfile
 
 _DATA = Path(__file__).resolve().parent.parent / "data"

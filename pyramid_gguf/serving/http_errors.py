@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response as HTTPResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 
 class ApiError(Exception):

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import Prompt, Pyramid, TokenLogprob
-from ..config import SamplingConfig, SpecConfig
-from ..decoding.stats import GenerationStats
+from ..core.sampling import SamplingConfig
+from ..core.spec import SpecConfig
+from ..decoding.runtime.stats import GenerationStats
 
 
 def finish_reason(reason: str | None) -> str:

@@ -1,9 +1,9 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic).
 
 Unknown fields are ignored, as OpenAI clients send many. Sampling fields override the
-server's :class:`~pyramid_gguf.config.SamplingConfig`; the speculative knobs of
-:data:`~pyramid_gguf.config.SPEC_KNOBS` (under their names or aliases, ``l_D`` for ``l_d``)
-override its :class:`~pyramid_gguf.config.SpecConfig`, for that request only.
+server's :class:`~pyramid_gguf.core.sampling.SamplingConfig`; the speculative knobs of
+:data:`~pyramid_gguf.core.spec.SPEC_KNOBS` (under their names or aliases, ``l_D`` for ``l_d``)
+override its :class:`~pyramid_gguf.core.spec.SpecConfig`, for that request only.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..api import MAX_TOP_LOGPROBS
-from ..config import SPEC_KNOBS, SamplingConfig, SpecConfig
-from ..errors import UserError
-from ..native.vocab import encode_utf8
+from ..core.errors import UserError
+from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
+from ..core.spec import SPEC_KNOBS, SpecConfig
+from ..core.textstream import encode_utf8
 from .http_errors import ApiError
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import SamplingConfig, SpecConfig
-from ..errors import UserError
+from ..core.errors import UserError
+from ..core.sampling import SamplingConfig
+from ..core.spec import SpecConfig
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"

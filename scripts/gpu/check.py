@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_ladder import LADDERS, ladder_paths
 
 from pyramid_gguf import native
-from pyramid_gguf.config import LoadConfig
-from pyramid_gguf.ladder import LadderPaths
-from pyramid_gguf.models.memory import model_memory, parse_size
-from pyramid_gguf.models.planner import plan_ladder
+from pyramid_gguf.core.ladder import LadderPaths
+from pyramid_gguf.core.load import LoadConfig
+from pyramid_gguf.planning.memory import model_memory, parse_size
+from pyramid_gguf.planning.vram import fit_ladder
 
 MiB = 1 << 20
 _LOG = re.compile(r"offload|buffer size|KV self size|llama_kv_cache: size", re.IGNORECASE)
@@ -119,7 +119,7 @@ def main() -> None:
     print(f"{'budget':>7} {'tier':<9} {'ngl':>4} {'planned MiB':>11} {'llama.cpp MiB':>13} "
           f"{'ratio':>6} {'nvidia-smi delta':>16}")  # fmt: skip
     for budget in args.budgets.split(","):
-        plan = plan_ladder(
+        plan = fit_ladder(
             parse_size(budget), paths, LoadConfig(n_ctx=args.ctx_size), kv_quant="auto"
         )
         kv = plan.load.type_k

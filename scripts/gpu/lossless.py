@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from lossless import REAL_TIE, first_difference, target_logits_at
 
 from pyramid_gguf import Pyramid
-from pyramid_gguf.config import LoadConfig, SamplingConfig, SpecConfig
+from pyramid_gguf.core.load import LoadConfig
+from pyramid_gguf.core.sampling import SamplingConfig
+from pyramid_gguf.core.spec import SpecConfig
 
 PROMPTS = (
     "the model reads the file and the test writes a line of code",

@@ -2,7 +2,7 @@
 
 Synthetic models give real GPU timings but meaningless acceptance, real models on a CPU give
 real acceptance but CPU timings. This combines the two through ``auto``'s own arithmetic
-(:mod:`pyramid_gguf.decoding.policy`)::
+(:mod:`pyramid_gguf.decoding.pricing.policy`)::
 
     pyramid-gguf bench --modes sd,psd-exact,psd-a,psd-f --csv acceptance.csv   # any machine
     python scripts/gpu/predict.py docs/gpu-h100/batch_cost.json acceptance.csv \\
@@ -23,11 +23,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pyramid_gguf.config import SpecConfig
-from pyramid_gguf.decoding.chains import Chain, ladder_chains
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.policy import MAX_L_D, choose, expected_tokens, plain
-from pyramid_gguf.ladder import LadderShape
+from pyramid_gguf.core.ladder import LadderShape
+from pyramid_gguf.core.spec import SpecConfig
+from pyramid_gguf.decoding.pricing.chains import Chain, ladder_chains
+from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.pricing.policy import MAX_L_D, choose, expected_tokens, plain
 
 #: auto's chains over a draft / qualifier / target ladder, by name.
 CHAINS: dict[str, Chain] = {

@@ -3,18 +3,18 @@ cost curve, with no model loaded; and llama.cpp's n-gram drafters on the same an
 
 ``record`` decodes every shipped prompt (and the README's first one) with plain greedy
 decoding on the default ladder's target and saves prompt and answer tokens with the target's
-measured cost curve. ``replay`` runs :class:`~pyramid_gguf.decoding.auto.AutoRounds` on those
-answers against a scripted target (:mod:`pyramid_gguf.decoding.replay`) and prints, per prompt
-set and answer length, the speedup over plain decoding that the cost model predicts: what
+measured cost curve. ``replay`` runs :class:`~pyramid_gguf.decoding.runtime.auto.AutoRounds` on
+those answers against a scripted target (:mod:`pyramid_gguf.decoding.offline.replay`) and prints,
+per prompt set and answer length, the speedup over plain decoding that the cost model predicts: what
 ``auto`` would do on the real target, near-ties aside. Change a constant in
-``decoding/policy.py`` or ``decoding/estimates.py``, replay, compare.
+``decoding/pricing/policy.py`` or ``decoding/pricing/estimates.py``, replay, compare.
 
 ``--peers`` also replays llama.cpp's ``ngram-simple``, ``ngram-map-k`` and ``ngram-mod`` as
 ``llama-speculative-simple`` runs them with their default settings (:data:`PEERS`, read from
 the llama.cpp that llama-cpp-python 0.3.36 vendors), priced by the same curve, and prints every
 prompt at the longest length: ``auto``, each drafter, ``auto`` over the best of them, and the
-copy bounds (:func:`~pyramid_gguf.decoding.bound.copy_bound`: the most any n-gram drafter could
-reach on that answer and curve, choosing its copies and blocks with perfect foresight; and,
+copy bounds (:func:`~pyramid_gguf.decoding.offline.bound.copy_bound`: the most any n-gram drafter
+could reach on that answer and curve, choosing its copies and blocks with perfect foresight; and,
 unanchored, any drafter copying from the context).
 
     python scripts/lab/replay_auto.py record answers.json [-n 256] [-t 2]
@@ -37,9 +37,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyramid_gguf.decoding.bound import copy_bound
-from pyramid_gguf.decoding.costs import CostCurve
-from pyramid_gguf.decoding.replay import replay
+from pyramid_gguf.decoding.offline.bound import copy_bound
+from pyramid_gguf.decoding.offline.replay import replay
+from pyramid_gguf.decoding.pricing.costs import CostCurve
 
 FIRST_PROMPT = "Write a Python function that checks whether a number is prime."
 AVX512_MS = (34, 51, 68, 80, 129, 140, 160, 188)

@@ -25,8 +25,8 @@ import statistics
 from pathlib import Path
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.replay import replay_trace
-from pyramid_gguf.decoding.traces import TraceSet
+from pyramid_gguf.decoding.offline.replay import replay_trace
+from pyramid_gguf.decoding.offline.traces import TraceSet
 from pyramid_gguf.models.presets import DEFAULT_PRESET, resolve_preset
 
 

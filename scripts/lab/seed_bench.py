@@ -16,8 +16,8 @@ import argparse
 import statistics
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf.core.modes import MODE_NAMES, Mode
 from pyramid_gguf.models.presets import DEFAULT_PRESET, resolve_preset
-from pyramid_gguf.modes import MODE_NAMES, Mode
 
 
 def main() -> None:

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import cache_home, unwritable
-from ..native import NativeModel, build_id
-from .costs import CostCurve
+from ...core.home import cache_home, unwritable
+from ...native import NativeModel, build_id
+from ..pricing.costs import CostCurve
 from .tiers import ModelTier
 
 #: Batch sizes timed; the others up to :data:`MAX_N` are interpolated.

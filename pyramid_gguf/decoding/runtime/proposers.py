@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .chains import StageRule
+from ..pricing.chains import StageRule
 from .protocol import Block, Proposer
 from .sampling import Sampler
 from .stage import verify

@@ -15,8 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config import SpecConfig
-from .chains import NGRAM_TIER, Chain, Stage, mode_chain
+from ...core.spec import SpecConfig
+from ..pricing.chains import NGRAM_TIER, Chain, Stage, mode_chain
 from .ngram import NGramPool, NGramProposer
 from .proposers import Admit, DraftProposer, Observe, QualifiedProposer
 from .protocol import Block, Proposer

@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import SpecConfig
-from ..ladder import LadderShape
-from ..modes import RuleFamily
+from ...core.ladder import LadderShape
+from ...core.modes import RuleFamily
+from ...core.spec import SpecConfig
 from . import policy
 from .costs import CostCurve
 

@@ -1,4 +1,5 @@
-"""Incremental detokenization that never emits half a UTF-8 character, and stop strings.
+"""Incremental detokenization that never emits half a UTF-8 character, stop strings, and the
+UTF-8 check of text a user sends (:func:`encode_utf8`).
 
 :class:`TextStream` turns token bytes into text deltas: bytes of an unfinished multi-byte
 character are held back until the character completes. With stop strings it also holds back
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
+
+from .errors import UserError
 
 
 class TextStream:
@@ -66,3 +69,17 @@ def _overlap(text: str, stop: str) -> int:
         if text.endswith(stop[:n]):
             return n
     return 0
+
+
+def encode_utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8, or a :class:`UserError` naming ``what`` and the first bad character.
+
+    Python keeps undecodable input bytes as lone surrogates (U+DC80-U+DCFF for byte 0x80-0xFF),
+    which have no UTF-8 encoding.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = ord(text[e.start])
+        shown = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
+        raise UserError(f"{what} is not valid UTF-8: {shown} at character {e.start}") from None

@@ -26,13 +26,14 @@ from typing import cast
 
 import numpy as np
 
-from ..config import SamplingConfig, SpecConfig
-from .auto import ROUND_OVERHEAD
-from .costs import CostCurve
-from .engine import make_rounds
-from .sampling import Sampler
-from .stats import AutoStats, GenerationStats
-from .tiers import Ladder, ModelTier, common_prefix
+from ...core.sampling import SamplingConfig
+from ...core.spec import SpecConfig
+from ..pricing.costs import CostCurve
+from ..runtime.auto import ROUND_OVERHEAD
+from ..runtime.engine import make_rounds
+from ..runtime.sampling import Sampler
+from ..runtime.stats import AutoStats, GenerationStats
+from ..runtime.tiers import Ladder, ModelTier, common_prefix
 from .traces import TierTrace, Trace
 
 #: Token ids reserved for what a scripted tier predicts off the answer.

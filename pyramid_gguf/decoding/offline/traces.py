@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..files import load_json, write_text
+from ...core.errors import UserError
+from ...core.files import load_json, write_text
 
 TRACE_VERSION = 1
 

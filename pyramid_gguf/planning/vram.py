@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from ..config import KvType, LoadConfig
-from ..errors import UserError
-from ..ladder import LadderPaths
+from ..core.errors import UserError
+from ..core.ladder import LadderPaths
+from ..core.load import KvType, LoadConfig
 from .memory import MiB, ModelMemory, model_memory, padded_ctx, parse_size
 
 #: KV cache types ``kv_quant="auto"`` tries, in order.
@@ -269,7 +269,7 @@ def _weight_on_gpu(tiers: Sequence[TierPlan]) -> int:
     return sum(t.gpu_weight_bytes for t in tiers)
 
 
-def plan_ladder(
+def fit_ladder(
     budget_bytes: int,
     paths: LadderPaths,
     load: LoadConfig | None = None,

@@ -1,8 +1,9 @@
 """The mode table: every decoding mode, what it needs, which rules it runs, whether it is lossless.
 
 This is the one home of those facts (docs/ALGORITHMS.md describes the rules). Tiers needed,
-losslessness, the knobs a mode reads and the check that a ladder can run a mode all derive
-from :data:`MODES`; nothing else lists modes.
+losslessness and the knobs a mode reads derive from :data:`MODES`; nothing else lists modes.
+Whether a ladder can run a mode is :meth:`pyramid_gguf.core.ladder.LadderShape.check`, asked by
+every caller.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class ModeInfo:
     @property
     def lossless(self) -> bool:
         """Output distributed exactly as the target's (``auto``: unless lossy chains are
-        allowed, see :attr:`~pyramid_gguf.config.SpecConfig.lossless`)."""
+        allowed, see :attr:`~pyramid_gguf.core.spec.SpecConfig.lossless`)."""
         return "fuzzy" not in (self.stage1, self.top)
 
     @property
@@ -51,7 +52,7 @@ class ModeInfo:
 
     @property
     def knobs(self) -> frozenset[str]:
-        """The :class:`~pyramid_gguf.config.SpecConfig` fields this mode reads."""
+        """The :class:`~pyramid_gguf.core.spec.SpecConfig` fields this mode reads."""
         if self.auto:
             return frozenset(
                 {"max_block", "allow_lossy", "exact_rule", "tau_q", "tau_t"}
@@ -95,17 +96,3 @@ def mode_info(name: str) -> ModeInfo:
         return MODES[name]
     except KeyError:
         raise UserError(f"unknown mode {name!r}; valid modes: {', '.join(MODE_NAMES)}") from None
-
-
-def modes_for(n_tiers: int) -> list[Mode]:
-    """Modes a ladder of ``n_tiers`` (target, + draft, + qualifier) can run, in table order."""
-    return [m.name for m in MODES.values() if m.n_tiers <= n_tiers]
-
-
-def check_mode(name: str, *, has_draft: bool, has_qualifier: bool) -> None:
-    """A one-line :class:`UserError` when mode ``name`` needs a tier the ladder lacks."""
-    info = mode_info(name)
-    if info.n_tiers >= 2 and not has_draft:
-        raise UserError(f"mode {name} needs a draft model (--draft GGUF or --draft ngram)")
-    if info.n_tiers == 3 and not has_qualifier:
-        raise UserError(f"mode {name} needs a qualifier model (--qualifier GGUF)")

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .config import unwritable
 from .errors import ModelFileError, UserError
+from .home import unwritable
 
 T = TypeVar("T")
 

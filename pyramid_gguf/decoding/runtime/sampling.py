@@ -1,7 +1,7 @@
 """The sampling warp shared by every tier, and sampling from a warped distribution.
 
 Pure numpy: no ``llama_cpp`` here. ``warp`` is built once per generation from a
-:class:`~pyramid_gguf.config.SamplingConfig` and applied identically at every tier, so the
+:class:`~pyramid_gguf.core.sampling.SamplingConfig` and applied identically at every tier, so the
 proposer's ``q`` and the verifier's ``p`` are comparable (mlx-lm's ``make_sampler`` habit).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import SamplingConfig
+from ...core.sampling import SamplingConfig
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..pricing.chains import StageRule
 from . import acceptance
-from .chains import StageRule
 from .protocol import Block
 from .sampling import Sampler
 from .stats import StageStats

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .costs import CostCurve
+from ..pricing.costs import CostCurve
 
 #: Longest block the bound considers: llama.cpp's n-gram drafters propose at most 48 tokens.
 MAX_BLOCK = 48

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from .modes import check_mode
+from .errors import UserError
+from .modes import MODES, Mode, mode_info
 
 #: Tier names, smallest first (also the planner's placement order).
 TIERS: Final = ("draft", "qualifier", "target")
@@ -68,9 +69,22 @@ class LadderShape:
         return 1 + self.has_draft + (self.has_draft and self.has_qualifier)
 
     def check(self, mode: str) -> None:
-        """A one-line :class:`~pyramid_gguf.errors.UserError` when ``mode`` needs a tier this
-        ladder lacks."""
-        check_mode(mode, has_draft=self.has_draft, has_qualifier=self.has_qualifier)
+        """A one-line :class:`~pyramid_gguf.core.errors.UserError` when ``mode`` is unknown or
+        needs a tier this ladder lacks: the one answer to "can this ladder run this mode"."""
+        info = mode_info(mode)
+        if info.n_tiers >= 2 and not self.has_draft:
+            raise UserError(f"mode {mode} needs a draft model (--draft GGUF or --draft ngram)")
+        if info.n_tiers == 3 and not self.has_qualifier:
+            raise UserError(f"mode {mode} needs a qualifier model (--qualifier GGUF)")
+
+    def runs(self, mode: str) -> bool:
+        """Whether this ladder can run ``mode`` (:meth:`check` without the error)."""
+        return mode_info(mode).n_tiers <= self.n_tiers
+
+    @property
+    def modes(self) -> list[Mode]:
+        """The modes this ladder can run, in the mode table's order."""
+        return [m.name for m in MODES.values() if self.runs(m.name)]
 
 
 @dataclass(frozen=True)

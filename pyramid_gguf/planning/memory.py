@@ -21,9 +21,9 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..config import KV_TYPES
-from ..errors import ModelFileError, UserError
-from ..gguf_header import ArrayInfo, GGUFHeader, read_header
+from ..core.errors import ModelFileError, UserError
+from ..core.gguf_header import ArrayInfo, GGUFHeader, read_header
+from ..core.load import KV_TYPES
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -30,13 +30,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..config import SpecConfig
-from . import policy
-from .chains import NGRAM_TIER, Chain, Keep, ladder_chains
-from .costs import CostCurve
-from .estimates import ChainAcceptance, NGramAcceptance
+from ...core.spec import SpecConfig
+from ..pricing import policy
+from ..pricing.chains import NGRAM_TIER, Chain, Keep, ladder_chains
+from ..pricing.costs import CostCurve
+from ..pricing.estimates import ChainAcceptance, NGramAcceptance
+from ..pricing.policy import Option, Pick
 from .ngram import Match, NGramDrafter, NGramPool
-from .policy import Option, Pick
 from .proposers import Admit, DraftProposer, Observe
 from .protocol import Block
 from .rounds import Runner

@@ -4,7 +4,7 @@
 it was last asked about; :meth:`ModelTier.score` rolls back to the part of ``context[:-1]`` it
 already holds and evaluates ``[unseen context..., last_committed, y_1..y_k]`` in one
 ``llama_decode``, asking only for the ``k + 1`` rows it needs. :class:`Ladder` holds the loaded
-tiers; :func:`load_ladder` loads one from a :class:`~pyramid_gguf.ladder.LadderPaths`.
+tiers; :func:`load_ladder` loads one from a :class:`~pyramid_gguf.core.ladder.LadderPaths`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Literal, overload
 
 import numpy as np
 
-from ..config import LoadConfig
-from ..files import check_gguf_path
-from ..ladder import NGRAM, LadderPaths, LadderShape, NGram
-from ..models.vocab_check import check_same_vocabulary
-from ..native import EvalTimer, NativeModel, Vocab
+from ...core.files import check_gguf_path
+from ...core.ladder import NGRAM, LadderPaths, LadderShape, NGram
+from ...core.load import LoadConfig
+from ...models.vocab_check import check_same_vocabulary
+from ...native import EvalTimer, NativeModel, Vocab
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -115,7 +115,8 @@ class ModelTier:
 
 @dataclass(frozen=True)
 class Ladder:
-    """The loaded tiers. ``draft`` is a model tier, :data:`~pyramid_gguf.ladder.NGRAM`, or None."""
+    """The loaded tiers. ``draft`` is a model tier, :data:`~pyramid_gguf.core.ladder.NGRAM`, or
+    None."""
 
     target: ModelTier
     qualifier: ModelTier | None = None

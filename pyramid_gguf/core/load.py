@@ -1,0 +1,109 @@
+"""How one GGUF file is loaded into llama.cpp: :class:`LoadConfig` and the thread limits."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import UserError
+
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+
+KV_TYPES: tuple[KvType, ...] = (
+    "f32",
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "iq4_nl",
+)
+
+
+def default_threads() -> int:
+    """All cores: llama-cpp-python's own default (`cpu_count // 2`) leaves half the CPU idle."""
+    return max(1, os.cpu_count() or 1)
+
+
+#: ggml's thread pool holds at most this many threads (GGML_MAX_N_THREADS); more crash it.
+GGML_MAX_THREADS = 512
+#: Smallest context llama.cpp creates: it pads ``n_ctx`` up to a multiple of 256 cells.
+MIN_CTX = 256
+
+
+def max_threads() -> int:
+    """Most threads a command accepts: four per core (ggml's cap at most). Past the core count
+    llama.cpp's threads spin waiting for each other (5000 threads on 2 cores ran at 0.1
+    tokens/s), and past ggml's cap its thread pool crashes."""
+    return min(GGML_MAX_THREADS, 4 * default_threads())
+
+
+def check_threads(n: int, flag: str = "--threads") -> None:
+    """A :class:`UserError` unless ``1 <= n <=`` :func:`max_threads`."""
+    if n < 1:
+        raise UserError(f"{flag} must be at least 1")
+    if n > max_threads():
+        raise UserError(
+            f"{flag} {n} is more than this machine can use: it has {default_threads()} cores, "
+            f"so at most {max_threads()} threads (llama.cpp slows down past the core count)"
+        )
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How one GGUF file is loaded.
+
+    ``n_gpu_layers=-1`` offloads every layer when llama.cpp is built with a GPU backend and is
+    ignored on a CPU-only build. ``flash_attn=None`` lets llama.cpp decide.
+    """
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_gpu_layers: int = -1
+    n_threads: int = field(default_factory=default_threads)
+    n_threads_batch: int = field(default_factory=default_threads)
+    flash_attn: bool | None = None
+    type_k: KvType = "f16"
+    type_v: KvType = "f16"
+    #: Split the target's verification batches into micro-batches whose logits are
+    #: bit-identical to one-token decoding on this machine (found by a probe, cached with the
+    #: cost curve), so greedy output equals ``target`` exactly; costs what batching saves.
+    #: Off: one batch per verification, and greedy text may differ from ``target`` only at
+    #: floating-point near-ties (docs/ALGORITHMS.md, "What lossless means").
+    strict_identity: bool = False
+    #: llama.cpp's extra weight buffer types (CPU_REPACK, AMX). None: llama.cpp's own choice,
+    #: except where it would use the AMX kernels, which crash on batched decodes: there extra
+    #: types are off and the weights the repacking kernels take go to CPU_REPACK by tensor
+    #: overrides (native/buffers.py). True: llama.cpp's own choice, AMX included. False: none,
+    #: every CPU weight in the plain buffer (no repacked kernels).
+    extra_buffers: bool | None = None
+    #: llama.cpp's op offload: large batches over weights kept on the CPU run on the GPU, the
+    #: weights copied through a compute buffer there (for a tier with no GPU layers, about its
+    #: output head plus the logits of one micro-batch). The planner turns it off for a tier
+    #: whose buffer does not fit the budget. No effect on a CPU-only build.
+    op_offload: bool = True
+    #: Test hook: use state snapshots for rollback even when the cache supports truncation.
+    force_snapshot_rollback: bool = False
+    #: Test hook: the AMX placement (extra types off, CPU_REPACK by overrides) on any CPU.
+    force_repack_overrides: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < MIN_CTX:
+            raise UserError(
+                f"--ctx-size must be at least {MIN_CTX} (llama.cpp's smallest context; it "
+                f"rounds up to a multiple of {MIN_CTX}), got {self.n_ctx}"
+            )
+        if self.n_batch < 1:
+            raise UserError(f"--batch-size must be positive, got {self.n_batch}")
+        for n in (self.n_threads, self.n_threads_batch):
+            check_threads(n)
+        if self.n_gpu_layers < -1:
+            raise UserError(f"--n-gpu-layers must be -1 (all) or >= 0, got {self.n_gpu_layers}")
+        if self.force_repack_overrides and self.extra_buffers is not None:
+            raise UserError("force_repack_overrides places the weights itself: drop extra_buffers")
+        for name, value in (("type_k", self.type_k), ("type_v", self.type_v)):
+            if value not in KV_TYPES:
+                raise UserError(f"{name} must be one of {', '.join(KV_TYPES)}, got {value!r}")

@@ -1,0 +1,220 @@
+"""The decoding loop: prompt processing, the first token, then rounds until a stop.
+
+Every mode of docs/ALGORITHMS.md is a :class:`~.rounds.Rounds`: plain decoding, a fixed chain
+(a proposer, then the target verifying its block in one batch), or ``auto``, which picks a
+chain and a block size each round from the cost model. A :class:`Generation` holds one
+sequence's state and advances it one step at a time, driven from outside; :func:`decode` is
+the same as a generator of token ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+
+import numpy as np
+
+from ...core.errors import ContextOverflow, UserError
+from ...core.sampling import SamplingConfig
+from ...core.spec import SpecConfig
+from ..pricing.costs import CostCurve
+from .ngram import NGramPool
+from .rounds import Rounds, fixed_rounds
+from .sampling import Sampler
+from .stats import GenerationStats, TierStats
+from .tiers import Ladder, ModelTier
+
+
+def make_rounds(
+    ladder: Ladder,
+    spec: SpecConfig,
+    sampler: Sampler,
+    stats: GenerationStats,
+    *,
+    costs: dict[str, CostCurve] | None = None,
+    pool: NGramPool | None = None,
+) -> tuple[Rounds, list[ModelTier]]:
+    """The rounds of ``spec.mode`` and the tiers to prefill with the prompt.
+
+    ``auto`` needs ``costs`` (each tier's :class:`CostCurve`, by tier name); ``pool`` lets
+    the n-gram drafter search earlier requests.
+    """
+    if spec.info.auto:
+        from .auto import AutoRounds
+
+        if costs is None:
+            raise ValueError("mode auto needs the tiers' cost curves")
+        auto = AutoRounds(ladder, spec, sampler, stats, costs, pool)
+        return auto, [ladder.target]
+    return fixed_rounds(ladder, spec, sampler, stats, pool)
+
+
+class Generation:
+    """One sequence being generated: its committed tokens, sampler, rounds and statistics.
+
+    Driven from outside, one :meth:`step` at a time: the first evaluates the prompt (every tier
+    in ``prefill`` does so now; the others catch up when first used) and samples the first
+    token from the target's last row, as llama.cpp does; each later one runs one round, which
+    commits one or more of the target's tokens. A step returns the tokens it emits, ending the
+    generation (:attr:`done`, ``stats.finish_reason``) after ``max_tokens`` tokens, at an
+    end-of-generation token (not emitted, unless ``ignore_eos``), or when the context is full.
+    Prompt processing is timed apart from generation. A consumer that keeps fewer tokens of a
+    step (a stop string, a cancellation) says so with :meth:`truncate`; :meth:`close` settles
+    the per-tier statistics.
+
+    ``rows``: when given, receives the target's raw logits row ``[V]`` of every emitted token, in
+    order (the distribution it was chosen from), for log-probabilities.
+
+    Everything per sequence lives here, so several of them can share one loaded ladder
+    (docs/ARCHITECTURE.md, "Many sequences").
+    """
+
+    def __init__(
+        self,
+        ladder: Ladder,
+        prompt: Sequence[int],
+        rounds: Rounds,
+        prefill: Sequence[ModelTier],
+        sampler: Sampler,
+        stats: GenerationStats,
+        rows: list[np.ndarray] | None = None,
+    ) -> None:
+        self.n_ctx = min(m.n_ctx for m in ladder.models)
+        if not prompt:
+            raise UserError("the prompt is empty")
+        if len(prompt) >= self.n_ctx:
+            raise ContextOverflow(
+                f"prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx} tokens "
+                "(raise --ctx-size or shorten the prompt)"
+            )
+        self.ladder = ladder
+        self.prompt = list(prompt)
+        self.rounds = rounds
+        self.prefill = list(prefill)
+        self.sampler = sampler
+        self.stats = stats
+        self.rows = rows
+        #: The prompt and every token committed after it (an end-of-generation token included).
+        self.committed = list(prompt)
+        self.done = False
+        self._started = False
+        self._last: list[int] = []
+        self._t_gen = 0.0
+        self._before = {m.name: m.timer.snapshot() for m in ladder.models}
+        self._after_prompt = dict(self._before)
+        stats.prompt_tokens = len(prompt)
+
+    def step(self) -> list[int]:
+        """Commit the next tokens and return those emitted (possibly none, when it ends)."""
+        if self.done:
+            return []
+        if not self._started:
+            new = self._start()
+        else:
+            room = self._room()
+            self.rounds.sync(self.committed)
+            new = self.rounds.run(self.committed, room)[:room]
+            if self.rows is not None:
+                self.rows += self.rounds.runner.take_rows()[: len(new)]
+        out = self._emit(new)
+        self.stats.generation_seconds = time.perf_counter() - self._t_gen
+        if not self.done and self._room() <= 0:
+            self._finish("length")
+        return out
+
+    def truncate(self, kept: int) -> None:
+        """Only the first ``kept`` tokens of the last step were used: the generation ends, and
+        the rest are not counted as generated."""
+        self.stats.generated_tokens -= max(len(self._last) - kept, 0)
+        self.done = True
+
+    def close(self) -> None:
+        """Settle the statistics: generation time, and each tier's work since the start."""
+        self.done = True
+        if self._started:
+            self.stats.generation_seconds = time.perf_counter() - self._t_gen
+        self.stats.tiers = [
+            _tier_stats(m, self._before[m.name], self._after_prompt[m.name])
+            for m in self.ladder.models
+            if m.timer.snapshot() != self._before[m.name]
+        ]
+
+    def _start(self) -> list[int]:
+        """The prompt in one batch per prefilled tier, then the first token."""
+        self._started = True
+        target = self.ladder.target
+        t0 = time.perf_counter()
+        row = target.prefill(self.prompt, logits=True)
+        for model in self.prefill:
+            if model is not target:
+                model.prefill(self.prompt)
+        self.stats.prompt_seconds = time.perf_counter() - t0
+        self._after_prompt = {m.name: m.timer.snapshot() for m in self.ladder.models}
+        prefilled = self._after_prompt["target"][1] - self._before["target"][1]
+        self.stats.prompt_evaluated = prefilled
+        self._t_gen = time.perf_counter()
+        if self.rows is not None:  # the target's row of every committed token, in order
+            self.rounds.runner.keep_rows = True
+            self.rows.append(row)
+        return [self.sampler.pick(row)]
+
+    def _emit(self, new: Sequence[int]) -> list[int]:
+        """Commit ``new`` up to ``max_tokens``, ending at an end-of-generation token."""
+        cfg: SamplingConfig = self.sampler.cfg
+        out: list[int] = []
+        for token in new[: cfg.max_tokens - self.stats.generated_tokens]:
+            self.committed.append(token)
+            if self.ladder.target.is_eog(token) and not cfg.ignore_eos:
+                self._finish("stop")
+                break
+            out.append(token)
+        self.stats.generated_tokens += len(out)
+        self._last = out
+        return out
+
+    def _room(self) -> int:
+        """Tokens this generation may still commit."""
+        left = self.sampler.cfg.max_tokens - self.stats.generated_tokens
+        return min(left, self.n_ctx - len(self.committed))
+
+    def _finish(self, reason: str) -> None:
+        self.stats.finish_reason = reason
+        self.done = True
+
+
+def decode(
+    ladder: Ladder,
+    prompt: Sequence[int],
+    rounds: Rounds,
+    prefill: Sequence[ModelTier],
+    sampler: Sampler,
+    stats: GenerationStats,
+    rows: list[np.ndarray] | None = None,
+) -> Generator[int, None, None]:
+    """Yield a :class:`Generation`'s tokens one at a time, filling ``stats`` as it goes (the
+    caller stops pulling to end it early)."""
+    gen = Generation(ladder, prompt, rounds, prefill, sampler, stats, rows)
+    try:
+        while not gen.done:
+            new = gen.step()
+            for i, token in enumerate(new):
+                try:
+                    yield token
+                except GeneratorExit:
+                    gen.truncate(i + 1)
+                    raise
+    finally:
+        gen.close()
+
+
+def _tier_stats(
+    tier: ModelTier, before: tuple[int, int, float], prefill: tuple[int, int, float]
+) -> TierStats:
+    """Work since ``before``; prompt processing is counted in tokens but not in evals."""
+    n_evals, n_tokens, seconds = tier.timer.snapshot()
+    return TierStats(
+        tier.name,
+        n_evals=n_evals - prefill[0],
+        n_tokens=n_tokens - before[1],
+        seconds=seconds - before[2],
+    )
