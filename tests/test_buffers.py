@@ -189,7 +189,9 @@ def test_greedy_target_equals_llama_cpp_python_with_the_same_buffers(
         str(qwen_target_path), n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False
     )
     greedy = SamplingConfig(temperature=0, max_tokens=24)
-    with Pyramid.from_paths(qwen_target_path, load=FORCED) as p:
+    # llama_cpp.Llama runs attention without flash attention unless asked; ours lets llama.cpp
+    # decide (it picks it on a CPU), and the two kernels round differently at near-ties.
+    with Pyramid.from_paths(qwen_target_path, load=replace(FORCED, flash_attn=False)) as p:
         assert p.ladder.target.model.placement == placement
         for prompt in ("def quicksort(xs):\n", "The three laws of thermodynamics are"):
             want = ref.create_completion(prompt, max_tokens=24, temperature=0.0)
