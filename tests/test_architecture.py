@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pyramid_gguf"
 #: Layers, lowest first (docs/ARCHITECTURE.md). A module may import its own layer or lower.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
+    ("grammar", "chat"),
     ("native",),
     ("models",),
     ("decoding", "decoding.pricing"),
@@ -131,6 +132,9 @@ def test_no_import_cycles() -> None:
         "pyramid_gguf.planning.vram",
         "pyramid_gguf.planning.compose",
         "pyramid_gguf.serving.schemas",
+        "pyramid_gguf.grammar",
+        "pyramid_gguf.chat",
+        "pyramid_gguf.planning.hardware",
     ],
 )
 def test_pure_modules_import_without_llama_cpp(module: str) -> None:

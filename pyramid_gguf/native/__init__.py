@@ -6,11 +6,13 @@
 - :mod:`.model`: :class:`NativeModel`, evaluation with exactly the logits rows asked for.
 - :mod:`.rollback`: KV-cache rollback (suffix removal or saved sequence states).
 - :mod:`.vocab`: tokenizer and special tokens. :mod:`.chat`: chat templates.
+- :mod:`.grammar`: llguidance's tokenizer built from a model's vocabulary.
 """
 
 from .backend import build_id, ftype_names, quantize, supports_gpu_offload, system_info
 from .buffers import build_has_amx_kernels
 from .chat import format_chat
+from .grammar import grammar_tokenizer
 from .model import EvalTimer, NativeModel
 from .vocab import Vocab
 
@@ -22,6 +24,7 @@ __all__ = [
     "build_id",
     "format_chat",
     "ftype_names",
+    "grammar_tokenizer",
     "quantize",
     "supports_gpu_offload",
     "system_info",

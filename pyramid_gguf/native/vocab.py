@@ -22,6 +22,11 @@ class Vocab:
         self._ptr = vocab_ptr
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab_ptr))
 
+    @property
+    def ptr(self) -> Any:
+        """The borrowed ``llama_vocab`` pointer (for llguidance's tokenizer, :mod:`.grammar`)."""
+        return self._ptr
+
     def tokenize(
         self, text: str, *, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:

@@ -52,6 +52,8 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
         "predicted_per_second": round(stats.generation_tps, 2),
         "draft_n": sum(s.draft_n for s in stats.stages),
         "draft_n_accepted": sum(s.draft_n_accepted for s in stats.stages),
+        "forced_n": stats.forced_n,
+        "forced_n_accepted": stats.forced_n_accepted,
         "mode": stats.mode,
         "stages": [s.to_dict() for s in stats.stages],
     }

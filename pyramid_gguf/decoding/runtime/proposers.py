@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ...grammar.masking import mask_logits
 from ..pricing.chains import StageRule
+from .guide import Guide
 from .protocol import Block, Proposer
 from .sampling import Sampler
 from .stage import verify
@@ -50,8 +52,10 @@ class DraftProposer:
         *,
         p_min: float = 0.0,
         admit: Admit | None = None,
+        guide: Guide | None = None,
     ) -> None:
         self.name = tier.name
+        self.guide = guide
         self.tier = tier
         self.length = length
         self.sampler = sampler
@@ -69,7 +73,7 @@ class DraftProposer:
         qs: list[np.ndarray] = []
         zs: list[np.ndarray] = []
         tops: list[float] = []
-        z = self.tier.score(context, [])[0]
+        z = self._masked(context, [], self.tier.score(context, [])[0])
         while True:
             if self.needs_tops:
                 tops.append(top_probability(z))
@@ -86,11 +90,20 @@ class DraftProposer:
             zs.append(z)
             if len(tokens) == k or self.tier.is_eog(y):
                 break
-            z = self.tier.step(y)
+            z = self._masked(context, tokens, self.tier.step(y))
         self.top_probs = tops
         if not tokens:
             return Block([], None, None)
         return Block(tokens, np.stack(qs) if qs else None, np.stack(zs))
+
+    def _masked(self, context: Sequence[int], drafted: list[int], z: np.ndarray) -> np.ndarray:
+        """The draft's row ``[V]`` after ``context + drafted``, masked by the grammar: the
+        draft proposes from its own distribution under the grammar, so its block is valid and
+        its ``q`` is what the verification's rule must see."""
+        if self.guide is None:
+            return z
+        allowed = self.guide.allowed([*context, *drafted])
+        return z if allowed is None else mask_logits(z, allowed)
 
     def sync(self, committed: Sequence[int]) -> None:
         self.tier.sync(committed)
@@ -112,8 +125,10 @@ class QualifiedProposer:
         stats: StageStats,
         *,
         observe: Observe | None = None,
+        guide: Guide | None = None,
     ) -> None:
         self.observe = observe
+        self.guide = guide
         self.name = verifier.name
         self.lower = lower
         self.verifier = verifier
@@ -130,7 +145,7 @@ class QualifiedProposer:
         ctx = list(context)
         while len(tokens) < want:
             block = self.lower.propose(ctx, want - len(tokens))
-            v = verify(self.verifier, ctx, block, self.rule, self.sampler, self.stats)
+            v = verify(self.verifier, ctx, block, self.rule, self.sampler, self.stats, self.guide)
             if self.observe is not None:
                 self.observe(len(block), v.n_accepted)
             tokens += v.tokens

@@ -16,10 +16,12 @@ from typing import Protocol
 import numpy as np
 
 from ...core.spec import SpecConfig
+from ...grammar.masking import mask_logits
 from ..pricing.chains import NGRAM_TIER, Chain, Stage, mode_chain
+from .guide import Guide
 from .ngram import NGramPool, NGramProposer
 from .proposers import Admit, DraftProposer, Observe, QualifiedProposer
-from .protocol import Block, Proposer
+from .protocol import Block, Proposer, with_forced
 from .sampling import Sampler
 from .stage import Verified, verify
 from .stats import GenerationStats
@@ -47,30 +49,69 @@ class Runner:
     (``[V]`` each, the distribution the token was chosen from), for :meth:`take_rows`.
     """
 
-    def __init__(self, ladder: Ladder, sampler: Sampler, stats: GenerationStats) -> None:
+    def __init__(
+        self,
+        ladder: Ladder,
+        sampler: Sampler,
+        stats: GenerationStats,
+        guide: Guide | None = None,
+    ) -> None:
         self.ladder = ladder
         self.target = ladder.target
         self.sampler = sampler
         self.stats = stats
+        #: The generation's grammar (None: unconstrained): every tier's rows are masked by it.
+        self.guide = guide
         self.keep_rows = False
         self._rows: list[np.ndarray] = []
 
     def plain(self, committed: Sequence[int]) -> list[int]:
-        """Plain decoding: one target evaluation, one token."""
+        """Plain decoding: one target evaluation, one token (under the grammar, if any)."""
         row = self.target.score(committed, [])[0]
+        if self.guide is not None:
+            allowed = self.guide.allowed(committed)
+            row = row if allowed is None else mask_logits(row, allowed)
         if self.keep_rows:
             self._rows.append(row)
         return [self.sampler.pick(row)]
 
-    def verify(self, stage: Stage, committed: Sequence[int], block: Block) -> Verified:
+    def forced(self, committed: Sequence[int], room: int) -> list[int]:
+        """The tokens the grammar forces after ``committed`` (at most ``room``): free drafts."""
+        if self.guide is None or room <= 0:
+            return []
+        return self.guide.forced(committed)[:room]
+
+    def verify(
+        self, stage: Stage, committed: Sequence[int], block: Block, forced: int = 0
+    ) -> Verified:
         """The target scores ``block`` after ``committed`` in one batch; ``stage``'s rule keeps
-        a prefix of it and adds one token of the target's."""
+        a prefix of it and adds one token of the target's. Its first ``forced`` tokens are the
+        grammar's (:meth:`forced`), counted apart (``forced_n``)."""
         v = verify(
-            self.target, committed, block, stage.rule, self.sampler, self.stats.stage(stage.name)
+            self.target,
+            committed,
+            block,
+            stage.rule,
+            self.sampler,
+            self.stats.stage(stage.name),
+            self.guide,
+            forced,
         )
+        if forced:
+            self.stats.forced_n += min(forced, len(block))
+            self.stats.forced_n_accepted += min(forced, v.n_accepted)
         if self.keep_rows:
             self._rows.extend(v.logits)
         return v
+
+    def propose(
+        self, proposer: Proposer, committed: Sequence[int], forced: Sequence[int], k: int
+    ) -> Block:
+        """``forced`` tokens, then up to ``k - len(forced)`` of ``proposer``'s after them."""
+        if not forced:
+            return proposer.propose(committed, k)
+        rest = proposer.propose([*committed, *forced], k - len(forced))
+        return with_forced(forced, rest, self.target.n_vocab)
 
     def take_rows(self) -> list[np.ndarray]:
         """The rows kept since the last call, one per committed token, in order."""
@@ -103,7 +144,9 @@ class Runner:
         else:
             length = l_d if len(stages) > 1 else k
             tier = self.ladder.tier(chain.bottom)
-            proposer = DraftProposer(tier, length, self.sampler, p_min=p_min, admit=admit)
+            proposer = DraftProposer(
+                tier, length, self.sampler, p_min=p_min, admit=admit, guide=self.guide
+            )
         for stage in stages[:-1]:
             proposer = QualifiedProposer(
                 proposer,
@@ -113,6 +156,7 @@ class Runner:
                 self.sampler,
                 self.stats.stage(stage.name),
                 observe=observe,
+                guide=self.guide,
             )
         return proposer
 
@@ -136,8 +180,10 @@ class ChainRounds:
     def run(self, committed: list[int], room: int) -> list[int]:
         if self.proposer is None:
             return self.runner.plain(committed)
-        block = self.proposer.propose(committed, min(self.block, room))
-        return self.runner.verify(self.chain.top, committed, block).tokens
+        k = min(self.block, room)
+        forced = self.runner.forced(committed, k)
+        block = self.runner.propose(self.proposer, committed, forced, k)
+        return self.runner.verify(self.chain.top, committed, block, len(forced)).tokens
 
     def sync(self, committed: Sequence[int]) -> None:
         if self.proposer is not None:
@@ -151,6 +197,7 @@ def fixed_rounds(
     sampler: Sampler,
     stats: GenerationStats,
     pool: NGramPool | None = None,
+    guide: Guide | None = None,
 ) -> tuple[Rounds, list[ModelTier]]:
     """The rounds of fixed mode ``spec.mode`` and the tiers it prefills with the prompt (a
     one-line UserError when the ladder lacks a tier the mode needs).
@@ -159,7 +206,7 @@ def fixed_rounds(
     pyramid, ``p_min`` for a draft model, ``ngram_min`` for the n-gram drafter.
     """
     chain = mode_chain(spec, ladder.shape)
-    runner = Runner(ladder, sampler, stats)
+    runner = Runner(ladder, sampler, stats, guide)
     if chain.plain:
         return ChainRounds(runner, chain), runner.tiers(chain)
     ngram = None

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...grammar.masking import mask_logits
 from ..pricing.chains import StageRule
 from . import acceptance
+from .guide import Guide
 from .protocol import Block
 from .sampling import Sampler
 from .stats import StageStats
@@ -43,15 +45,31 @@ def verify(
     rule: StageRule,
     sampler: Sampler,
     stats: StageStats,
+    guide: Guide | None = None,
+    forced: int = 0,
 ) -> Verified:
-    """Score ``[last, y_1..y_k]`` in one batch and apply ``rule``; record into ``stats``."""
+    """Score ``[last, y_1..y_k]`` in one batch and apply ``rule``; record into ``stats``.
+
+    With a ``guide`` the block is first cut at the first token the grammar refuses (an n-gram
+    block, say) and every row is masked to the grammar's allowed tokens, so ``p`` is the
+    verifier's distribution under the grammar. The first ``forced`` tokens of the block are the
+    grammar's (:func:`~.protocol.with_forced`): they are verified like any proposal but counted
+    apart from the drafted ones.
+    """
     rng = sampler.rng
+    if guide is not None:
+        block = block.cut(guide.valid(context, block.tokens))
+        forced = min(forced, len(block))
     z = verifier.score(context, block.tokens)  # [k + 1, V]
+    if guide is not None:
+        masks = guide.masks(context, block.tokens)
+        if masks is not None:
+            z = mask_logits(z, masks)
     tokens = np.asarray(block.tokens, dtype=np.int64)
     if sampler.greedy and rule.kind != "fuzzy":  # every lossless rule is token matching
         outcome = acceptance.greedy(tokens, z)
         n = outcome.n_accepted
-        stats.record(len(block.tokens), n)
+        _record(stats, len(block.tokens), n, forced)
         return Verified([*block.tokens[:n], outcome.token], None, z[: n + 1], n)
     p = sampler.warp(z)
     q = block.q  # None: a deterministic proposer (one-hot)
@@ -72,5 +90,11 @@ def verify(
     else:
         outcome = acceptance.exact(tokens, p, q, rng)
     n = outcome.n_accepted
-    stats.record(len(block.tokens), n)
+    _record(stats, len(block.tokens), n, forced)
     return Verified([*block.tokens[:n], outcome.token], p[: n + 1], z[: n + 1], n)
+
+
+def _record(stats: StageStats, proposed: int, accepted: int, forced: int) -> None:
+    """Count the drafted part of a verified block (a block of forced tokens only is none)."""
+    if proposed > forced:
+        stats.record(proposed - forced, max(accepted - forced, 0))

@@ -189,6 +189,12 @@ class GenerationStats:
     tiers: list[TierStats] = field(default_factory=list)
     #: ``auto`` only: the chains it chose.
     auto: AutoStats | None = None
+    #: Tokens a grammar forced and that were verified as free drafts, and how many the target
+    #: kept (all of them, unless a forced tokenization is not the model's own).
+    forced_n: int = 0
+    forced_n_accepted: int = 0
+    #: Seconds spent in the grammar engine (masks, checks, forced tokens).
+    grammar_seconds: float = 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -232,6 +238,9 @@ class GenerationStats:
             "scheduler_seconds": round(self.scheduler_seconds, 4),
             "stages": [s.to_dict() for s in self.stages],
             "tiers": [t.to_dict() for t in self.tiers],
+            "forced_n": self.forced_n,
+            "forced_n_accepted": self.forced_n_accepted,
+            "grammar_seconds": round(self.grammar_seconds, 4),
             **({"auto": self.auto.to_dict()} if self.auto is not None else {}),
         }
 
@@ -246,6 +255,8 @@ class GenerationStats:
             f"{s.name} {s.draft_n_accepted}/{s.draft_n} ({100 * s.acceptance_rate:.0f}%)"
             for s in self.stages
         ]
+        if self.forced_n:
+            parts.append(f"forced {self.forced_n_accepted}/{self.forced_n}")
         if self.auto is not None and self.auto.choices:
             parts.append(self.auto.summary())
         return " | ".join(parts)

@@ -1,0 +1,34 @@
+"""Chat prompts and tool calls, pure Python (jinja2, jsonschema, llguidance; never llama.cpp).
+
+- :mod:`.templates`: :class:`ChatTemplate` renders OpenAI messages and tools with a GGUF's
+  Jinja template (or a built-in ChatML) as Hugging Face transformers does.
+- :mod:`.tools`: the request's ``tools``, ``tool_choice``, ``parallel_tool_calls``, validated.
+- :mod:`.toolcalls`: tool-call formats per model family (:mod:`.hermes`, :mod:`.llama3`),
+  detected from the template: parsing answers (whole or streaming, :mod:`.calls` for the
+  result and the stream deltas) and the grammars that constrain calls (:mod:`.grammars`).
+"""
+
+from ..core.grammar import Trigger
+from .calls import CallIds, Delta, Message, ToolCall, diff
+from .grammars import ToolConstraint
+from .templates import ChatTemplate
+from .toolcalls import ToolCallFormat, constraint, detect_tool_format
+from .tools import Tool, ToolChoice, ToolRequest, parse_tool_request
+
+__all__ = [
+    "CallIds",
+    "ChatTemplate",
+    "Delta",
+    "Message",
+    "Tool",
+    "ToolCall",
+    "ToolCallFormat",
+    "ToolChoice",
+    "ToolConstraint",
+    "ToolRequest",
+    "Trigger",
+    "constraint",
+    "detect_tool_format",
+    "diff",
+    "parse_tool_request",
+]

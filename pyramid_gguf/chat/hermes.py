@@ -1,0 +1,99 @@
+"""The Hermes tool-call format (Qwen 2.5 and 3, Hermes 2 Pro and 3, Granite 4, ...).
+
+Calls follow any text, one block per call::
+
+    I'll look it up.
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    </tool_call>
+    <tool_call>
+    ...
+
+The text before the first block is the message's content; a block that does not hold a call
+turns itself and the rest into content. A missing ``</tool_call>`` at the very end is forgiven.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+
+from ..core.grammar import Grammar, Trigger
+from .calls import CallIds, Message, ToolCall
+from .grammars import call_rules, grammar, marker
+from .scan import call_object, held_back, partial_call, skip_space
+from .tools import Tool
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class HermesFormat:
+    """``<tool_call>`` blocks holding ``{"name": ..., "arguments": ...}``."""
+
+    name = "hermes"
+    #: Texts that may be single special tokens of the vocabulary.
+    markers = (OPEN, CLOSE)
+
+    def parse(self, text: str, ids: CallIds | None = None) -> Message:
+        """The finished answer ``text`` as content and calls."""
+        return _parse(text, ids or CallIds(), final=True)
+
+    def parse_partial(self, text: str, ids: CallIds) -> Message:
+        """The answer so far: content up to where a call may be opening, the calls so far (the
+        last one's arguments maybe unfinished). Later parses extend it."""
+        return _parse(text, ids, final=False)
+
+    def required_grammar(
+        self, tools: Sequence[Tool], parallel: bool, special: Container[str]
+    ) -> Grammar:
+        """The whole answer: one call of any of ``tools`` (or several, if ``parallel``)."""
+        start = f"{marker(OPEN, special)} {_calls(parallel, special)}"
+        return grammar(start, _rules(tools, special))
+
+    def triggers(
+        self, tools: Sequence[Tool], parallel: bool, special: Container[str]
+    ) -> tuple[Trigger, ...]:
+        """``<tool_call>`` anywhere opens the constrained calls (the grammar from the marker on
+        is the required one)."""
+        return (Trigger(OPEN, grammar=self.required_grammar(tools, parallel, special)),)
+
+
+def _calls(parallel: bool, special: Container[str]) -> str:
+    """The calls after the first opening marker (one, or one and more), and a last newline."""
+    more = f' ("\\n" {marker(OPEN, special)} block)*' if parallel else ""
+    return f'block{more} "\\n"?'
+
+
+def _rules(tools: Sequence[Tool], special: Container[str]) -> list[str]:
+    """A block's rule (the call between the markers, a line of its own) and the calls'."""
+    return [f'block: "\\n" call "\\n" {marker(CLOSE, special)}', *call_rules(tools, "arguments")]
+
+
+def _parse(text: str, ids: CallIds, *, final: bool) -> Message:
+    start = text.find(OPEN)
+    if start < 0:
+        return Message(text if final else text[: len(text) - held_back(text, OPEN)].rstrip())
+    before = text[:start].rstrip()
+    calls: list[ToolCall] = []
+    pos = start
+    while True:
+        body = pos + len(OPEN)
+        close = text.find(CLOSE, body)
+        if close < 0 and not final:
+            partial = partial_call(text, body)
+            if partial is not None:
+                calls.append(ToolCall(ids(len(calls)), *partial))
+            return Message(before, tuple(calls))
+        found = call_object(text, body)
+        end = len(text) if close < 0 else close
+        if found is None or skip_space(text, found[2]) != end:
+            break  # not a call: this block and what follows are text
+        calls.append(ToolCall(ids(len(calls)), found[0], found[1]))
+        pos = skip_space(text, end + len(CLOSE) if close >= 0 else end)
+        if not text.startswith(OPEN, pos):
+            break
+    if not final:
+        return Message(before, tuple(calls))
+    if not calls:
+        return Message(text)
+    rest = text[pos:].strip()
+    return Message("\n\n".join(p for p in (before, rest) if p) or None, tuple(calls))

@@ -1,0 +1,85 @@
+"""Tool-call formats per model family, detected from the chat template's text.
+
+A format parses an answer into content and calls (whole, or partially while it streams) and
+writes the grammars that constrain calls. :func:`detect_tool_format` picks one from the
+template; :func:`constraint` builds what a request's ``tool_choice`` asks for.
+
+Integration notes: ``special`` is the set of a format's ``markers`` that are single special
+tokens of the model's vocabulary (llguidance's ``<name>`` syntax matches only those); the text
+parsed must render special tokens (``<|python_tag|>`` is a control token).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Container, Sequence
+from typing import Protocol
+
+from ..core.grammar import Grammar, Trigger
+from .calls import CallIds, Message
+from .grammars import ToolConstraint
+from .hermes import HermesFormat
+from .llama3 import Llama3Format
+from .tools import Tool, ToolRequest
+
+#: A JSON object with a "name" key in the template (quotes maybe escaped inside a string).
+_NAME_KEY = re.compile(r'\{\\?"name\\?"')
+_PARAMETERS_KEY = re.compile(r'\\?"parameters\\?"')
+
+
+class ToolCallFormat(Protocol):
+    """How one model family writes tool calls."""
+
+    @property
+    def name(self) -> str:
+        """A short name for ``run -v``: ``hermes``, ``llama3-json``."""
+        ...
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Texts of the format that may be single special tokens of a vocabulary."""
+        ...
+
+    def parse(self, text: str, ids: CallIds | None = None) -> Message:
+        """A finished answer as content and calls; a call that does not parse is content."""
+        ...
+
+    def parse_partial(self, text: str, ids: CallIds) -> Message:
+        """An answer so far, text that may open a call held back; later parses extend it."""
+        ...
+
+    def required_grammar(
+        self, tools: Sequence[Tool], parallel: bool, special: Container[str]
+    ) -> Grammar:
+        """A Lark grammar of an answer made of calls only: one, or more if ``parallel``."""
+        ...
+
+    def triggers(
+        self, tools: Sequence[Tool], parallel: bool, special: Container[str]
+    ) -> tuple[Trigger, ...]:
+        """What opens a call in free text, and the grammar of the answer from there on."""
+        ...
+
+
+def detect_tool_format(template: str) -> ToolCallFormat | None:
+    """The tool-call format a chat template renders calls in; None for a template without one
+    we parse (Qwen3-Coder's XML ``<function=...>`` calls, say)."""
+    if "<tool_call>" in template and _NAME_KEY.search(template) and "<function=" not in template:
+        return HermesFormat()
+    if "<|start_header_id|>" in template and _PARAMETERS_KEY.search(template):
+        return Llama3Format()
+    return None
+
+
+def constraint(
+    fmt: ToolCallFormat, request: ToolRequest, special: Container[str]
+) -> ToolConstraint | None:
+    """What constrains the answer to ``request``: a grammar for all of it (``required``, a named
+    function), triggers for calls in free text (``auto``), or nothing (``none``)."""
+    tools = request.callable
+    if not tools:
+        return None
+    if request.choice.mode == "auto":
+        return ToolConstraint(None, fmt.triggers(tools, request.parallel, special))
+    parallel = request.parallel and request.choice.mode == "required"
+    return ToolConstraint(fmt.required_grammar(tools, parallel, special))
