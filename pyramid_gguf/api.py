@@ -24,6 +24,7 @@ from . import native  # isort: skip
 # isort: split
 import numpy as np
 
+from .chat import ChatTemplate, Tool
 from .core.errors import UserError
 from .core.ladder import LadderPaths, NGram
 from .core.load import LoadConfig
@@ -32,11 +33,12 @@ from .core.spec import SpecConfig
 from .core.textstream import TextStream
 from .decoding.pricing.costs import CostCurve
 from .decoding.runtime.calibrate import Calibration, calibrate
-from .decoding.runtime.engine import decode, make_rounds
+from .decoding.runtime.engine import decode, make_guide, make_rounds
 from .decoding.runtime.ngram import NGramPool
 from .decoding.runtime.sampling import Sampler, log_softmax, top_ids
 from .decoding.runtime.stats import GenerationStats
 from .decoding.runtime.tiers import Ladder, load_ladder
+from .grammar import check_grammar
 from .models.resolve import resolve_ladder
 
 Prompt = str | Sequence[int]
@@ -232,34 +234,55 @@ class Pyramid:
         """The target GGUF's ``tokenizer.chat_template``, or None."""
         return self.ladder.target.model.chat_template()
 
+    def template(self, chat_template: str | None = None) -> ChatTemplate:
+        """The chat template prompts are rendered with: ``chat_template`` (Jinja text), else the
+        target GGUF's, else the built-in ChatML (:attr:`ChatTemplate.name` says which)."""
+        if chat_template is not None:
+            return ChatTemplate(chat_template, "--chat-format")
+        return ChatTemplate.from_gguf(self.chat_template)
+
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], chat_template: str | None = None
+        self,
+        messages: list[dict[str, Any]],
+        chat_template: str | None = None,
+        *,
+        tools: Sequence[Tool] | None = None,
     ) -> str:
-        """The prompt text of a chat, from the target GGUF's ``tokenizer.chat_template``."""
-        template = chat_template or self.chat_template
-        target = self.ladder.target
-        if template is None:
-            raise UserError(
-                f"{target.model.path.name} has no chat template (tokenizer.chat_template); "
-                "pass --chat-format / chat_template, or send a plain prompt"
-            )
-        vocab = target.vocab
-        return native.format_chat(
-            template,
+        """The prompt text of a chat (OpenAI messages, tool calls and results included) and
+        ``tools``, rendered by :meth:`template`."""
+        vocab = self.ladder.target.vocab
+        return self.template(chat_template).render(
             messages,
+            tools=tools,
             bos_token=vocab.token_text(vocab.bos),
             eos_token=vocab.token_text(vocab.eos),
         )
 
     def chat_tokens(
-        self, messages: list[dict[str, Any]], chat_template: str | None = None
+        self,
+        messages: list[dict[str, Any]],
+        chat_template: str | None = None,
+        *,
+        tools: Sequence[Tool] | None = None,
     ) -> list[int]:
         """Token ids of a templated chat (BOS once, special tokens parsed)."""
-        tokens = self.tokenize(self.apply_chat_template(messages, chat_template))
+        tokens = self.tokenize(self.apply_chat_template(messages, chat_template, tools=tools))
         bos = self.ladder.target.vocab.bos
         if len(tokens) > 1 and tokens[0] == bos and tokens[1] == bos:
             tokens = tokens[1:]
         return tokens
+
+    def special_texts(self, texts: Sequence[str]) -> frozenset[str]:
+        """Those of ``texts`` that are single special tokens of the vocabulary (a tool-call
+        format's markers, which grammars then name as tokens, not as text)."""
+        target = self.ladder.target
+        tokenizer = native.grammar_tokenizer(target.model)  # the grammar engine's view
+        out = set()
+        for text in texts:
+            ids = target.vocab.tokenize(text, add_special=False, parse_special=True)
+            if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
+                out.add(text)
+        return frozenset(out)
 
     # --- generation ------------------------------------------------------------------------
 
@@ -271,6 +294,7 @@ class Pyramid:
         *,
         cancel: threading.Event | None = None,
         logprobs: int | None = None,
+        special: bool = False,
     ) -> Iterator[Response]:
         """Yield :class:`Response` steps; the last one carries the finish reason.
 
@@ -278,12 +302,16 @@ class Pyramid:
         contains half a UTF-8 character nor any part of a stop string. Setting ``cancel`` ends
         the generation at the next token with finish reason ``cancelled``. ``logprobs``: give
         each token the target's log-probability and that many alternatives (0 to
-        :data:`MAX_TOP_LOGPROBS`; None: none).
+        :data:`MAX_TOP_LOGPROBS`; None: none). ``special``: render control tokens in the text
+        (a tool call's ``<|python_tag|>``), as a tool-call parser needs.
         """
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise UserError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, got {logprobs}")
         sampling = sampling or SamplingConfig()
         spec = spec or self.spec
+        for grammar in [sampling.grammar, *(g.grammar for g in sampling.triggers)]:
+            if grammar is not None:
+                check_grammar(grammar)  # a one-line error before anything runs
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         stats = GenerationStats(mode=spec.mode)
         text = TextStream(sampling.stop)
@@ -293,13 +321,14 @@ class Pyramid:
         with self._lock:
             sampler = Sampler(sampling)
             costs = self._costs() if spec.info.auto else None
+            guide = make_guide(self.ladder, sampling, len(tokens))
             rounds, prefill = make_rounds(  # a fixed mode's tiers are checked here, once
-                self.ladder, spec, sampler, stats, costs=costs, pool=self.pool
+                self.ladder, spec, sampler, stats, costs=costs, pool=self.pool, guide=guide
             )
             if strict:
                 self._calibrate(False, None)  # the identity probe sets the target's micro-batch
             rows: list[np.ndarray] | None = [] if logprobs is not None else None
-            steps = decode(self.ladder, tokens, rounds, prefill, sampler, stats, rows)
+            steps = decode(self.ladder, tokens, rounds, prefill, sampler, stats, rows, guide)
             try:
                 for token in steps:
                     lp: tuple[TokenLogprob, ...] = ()
@@ -307,7 +336,7 @@ class Pyramid:
                         lp = (self._logprob(token, rows[len(generated)], logprobs),)
                         rows[len(generated)] = _DROPPED  # rows are large: keep none
                     generated.append(token)
-                    delta = text.feed(vocab.token_bytes(token))
+                    delta = text.feed(vocab.token_bytes(token, special=special))
                     if text.stopped:
                         stats.finish_reason = "stop"
                         if delta:
@@ -337,12 +366,13 @@ class Pyramid:
         spec: SpecConfig | None = None,
         *,
         cancel: threading.Event | None = None,
+        special: bool = False,
     ) -> Completion:
         """Generate to the end and return the joined :class:`Completion`."""
         texts: list[str] = []
         ids: list[int] = []
         last: Response | None = None
-        for last in self.stream(prompt, sampling, spec, cancel=cancel):
+        for last in self.stream(prompt, sampling, spec, cancel=cancel, special=special):
             texts.append(last.text)
             ids += last.token_ids
         assert last is not None

@@ -82,12 +82,15 @@ def test_chat_template_is_applied_by_default_when_the_model_has_one(
     _, raw, _ = invoke("run", "--target", str(tiny_target), "--raw", "-p", "hi", *FAST)
     assert auto == chat
     assert raw != chat
-    # A model without a template: raw by default, a clear error when the template is demanded.
-    code, _, err = invoke("run", "--target", str(tiny_draft), "-p", "hi", *FAST)
+    # A model without a template: raw by default, the built-in ChatML when a chat is demanded
+    # (-v says which template rendered the prompt).
+    code, raw_out, err = invoke("run", "--target", str(tiny_draft), "-p", "hi", *FAST)
     assert code == 0, err
-    code, _, err = invoke("run", "--target", str(tiny_draft), "--chat", "-p", "hi", *FAST)
-    assert code == 1
-    assert "has no chat template" in err
+    code, chat_out, err = invoke(
+        "run", "--target", str(tiny_draft), "--chat", "-p", "hi", *FAST, "-v"
+    )
+    assert code == 0, err
+    assert "chat template: builtin chatml" in err
 
 
 @pytest.mark.parametrize(

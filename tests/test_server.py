@@ -364,11 +364,13 @@ def test_queue_overflow_answers_503(small: Live, monkeypatch: pytest.MonkeyPatch
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
-def test_model_without_chat_template(small: Live) -> None:
+def test_model_without_chat_template_uses_the_builtin_chatml(small: Live) -> None:
     plain = openai.OpenAI(base_url=small.v1, api_key="unused", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as e:
-        plain.chat.completions.create(model="plain", messages=[{"role": "user", "content": "x"}])
-    assert e.value.status_code == 400 and "no chat template" in e.value.message
+    out = plain.chat.completions.create(
+        model="plain", messages=[{"role": "user", "content": "x"}], max_tokens=3
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert out.usage is not None and out.usage.prompt_tokens > 3  # the ChatML scaffolding
 
 
 @pytest.mark.parametrize(

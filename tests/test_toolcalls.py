@@ -5,6 +5,7 @@ the llguidance grammars that constrain calls, checked on a byte-level tokenizer.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -373,14 +374,24 @@ def test_hermes_auto_is_lazy_from_the_opening_tag(tokenizer: LLTokenizer) -> Non
     special = {"<tool_call>", "</tool_call>"}
     lazy = constraint(HERMES, request("auto"), special)
     assert lazy is not None and lazy.grammar is None
-    (trigger,) = lazy.triggers
+    trigger, *bare = lazy.triggers
     assert (trigger.text, trigger.at_start) == ("<tool_call>", False)
-    rest = block(ADD_CALL)  # the grammar covers the answer from the trigger on, trigger included
+    rest = block(ADD_CALL).removeprefix("<tool_call>")  # the grammar starts after the trigger
     assert accepts(tokenizer, trigger.grammar, rest, special)
     assert accepts(tokenizer, trigger.grammar, rest + "\n" + block(WEATHER_CALL), special)
     assert accepts(tokenizer, trigger.grammar, rest + "\n", special)
     assert not accepts(tokenizer, trigger.grammar, rest + "\nDone.", special)
     assert not accepts(tokenizer, trigger.grammar, rest.replace('"add"', '"sub"'), special)
+    # A call object at the start of an answer, bare or fenced (as Qwen2.5 models answer), is
+    # a call too: one trigger of each kind per tool, the arguments constrained after the name.
+    assert len(bare) == 2 * len(request("auto").callable) and all(t.at_start for t in bare)
+    fenced, plain = bare[2], bare[3]  # the two of "add"
+    answer = '```json\n{\n  "name": "add",\n  "arguments": {"a": 1, "b": 2}\n}\n```'
+    head = re.match(fenced.text, answer)
+    assert head is not None and re.match(plain.text, answer[8:]) is not None
+    assert accepts(tokenizer, fenced.grammar, answer[head.end() :], special)
+    assert not accepts(tokenizer, fenced.grammar, ', "arguments": {"a": "x"}}\n```', special)
+    assert accepts(tokenizer, plain.grammar, ',\n "arguments": {"a": 1, "b": 2}}', special)
     assert constraint(HERMES, request("none"), special) is None
 
 
@@ -402,12 +413,9 @@ def test_llama_grammars(tokenizer: LLTokenizer) -> None:
         "<|python_tag|>",
         False,
     )
-    assert accepts(tokenizer, start.grammar, call, special)
-    assert not accepts(tokenizer, start.grammar, call.removeprefix(start.text), special)
-    wrong = '{"name": "add", "parameters": {"a": 1.5, "b": 1}}'
-    assert not accepts(tokenizer, start.grammar, wrong, special)
-    assert accepts(tokenizer, tag.grammar, "<|python_tag|>" + call, special)
-    assert not accepts(tokenizer, tag.grammar, call, special)
+    assert accepts(tokenizer, start.grammar, call.removeprefix(start.text), special)
+    assert not accepts(tokenizer, start.grammar, 'add", "parameters": {"a": 1.5, "b": 1}}', special)
+    assert accepts(tokenizer, tag.grammar, call, special)
 
 
 @pytest.mark.real

@@ -8,7 +8,6 @@
   result and the stream deltas) and the grammars that constrain calls (:mod:`.grammars`).
 """
 
-from ..core.grammar import Trigger
 from .calls import CallIds, Delta, Message, ToolCall, diff
 from .grammars import ToolConstraint
 from .templates import ChatTemplate
@@ -26,7 +25,6 @@ __all__ = [
     "ToolChoice",
     "ToolConstraint",
     "ToolRequest",
-    "Trigger",
     "constraint",
     "detect_tool_format",
     "diff",

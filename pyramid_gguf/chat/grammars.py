@@ -40,13 +40,15 @@ def marker(text: str, special: Container[str]) -> str:
     return text if text in special else literal(text)
 
 
-def call_rules(tools: Sequence[Tool], arguments_key: str) -> list[str]:
-    """Rule ``call`` (a call of any of ``tools``) and its parts."""
+def call_rules(tools: Sequence[Tool], arguments_key: str, *, after: str = "") -> list[str]:
+    """Rule ``call`` (a call of any of ``tools``) and its parts, minus the text ``after`` that
+    opened it already (a lazy trigger's text)."""
     lines = ["call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
         head = f'{{"name": "{tool.name}", "{arguments_key}": '
+        assert head.startswith(after), (head, after)
         schema = {**tool.parameters, "x-guidance": dict(JSON_LAYOUT)}
-        lines.append(f'call_{i}: {literal(head)} args_{i} "}}"')
+        lines.append(f'call_{i}: {literal(head[len(after) :])} args_{i} "}}"')
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return lines
 

@@ -15,6 +15,7 @@ turns itself and the rest into content. A missing ``</tool_call>`` at the very e
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container, Sequence
 
 from ..core.grammar import Grammar, Trigger
@@ -24,6 +25,8 @@ from .scan import call_object, held_back, partial_call, skip_space
 from .tools import Tool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: A Markdown code fence opening JSON, as some models wrap a call in one.
+FENCE = re.compile(r"```(?:json)?[ \t]*\n\s*")
 
 
 class HermesFormat:
@@ -52,9 +55,24 @@ class HermesFormat:
     def triggers(
         self, tools: Sequence[Tool], parallel: bool, special: Container[str]
     ) -> tuple[Trigger, ...]:
-        """``<tool_call>`` anywhere opens the constrained calls (the grammar from the marker on
-        is the required one)."""
-        return (Trigger(OPEN, grammar=self.required_grammar(tools, parallel, special)),)
+        """``<tool_call>`` anywhere opens the constrained calls; so does an answer that starts
+        as a call object of one of ``tools``, bare or in a ```` ```json ```` fence, as Qwen2.5
+        models often write calls (llama.cpp's Hermes parser takes these too): from its name on,
+        the call's arguments are constrained."""
+        out = [Trigger(OPEN, grammar=grammar(_calls(parallel, special), _rules(tools, special)))]
+        for tool in tools:
+            head = r'\{\s*"name"\s*:\s*"' + re.escape(tool.name) + '"'
+            fenced = grammar('call WS? "```"', _rest(tool))
+            out.append(Trigger(FENCE.pattern + head, fenced, at_start=True, regex=True))
+            out.append(Trigger(head, grammar("call", _rest(tool)), at_start=True, regex=True))
+        return tuple(out)
+
+
+def _rest(tool: Tool) -> list[str]:
+    """The rest of a call object after its name, the arguments as ``tool``'s schema: layout
+    free up to them, as the model began the object in its own layout."""
+    (args,) = [r for r in call_rules([tool], "arguments") if r.startswith("args_0")]
+    return ['call: "," WS? "\\"arguments\\"" WS? ":" WS? args_0 WS? "}"', args, "WS: /[ \\t\\n]+/"]
 
 
 def _calls(parallel: bool, special: Container[str]) -> str:
@@ -71,6 +89,9 @@ def _rules(tools: Sequence[Tool], special: Container[str]) -> list[str]:
 def _parse(text: str, ids: CallIds, *, final: bool) -> Message:
     start = text.find(OPEN)
     if start < 0:
+        bare = _bare(text, ids, final=final)
+        if bare is not None:
+            return bare
         return Message(text if final else text[: len(text) - held_back(text, OPEN)].rstrip())
     before = text[:start].rstrip()
     calls: list[ToolCall] = []
@@ -97,3 +118,29 @@ def _parse(text: str, ids: CallIds, *, final: bool) -> Message:
         return Message(text)
     rest = text[pos:].strip()
     return Message("\n\n".join(p for p in (before, rest) if p) or None, tuple(calls))
+
+
+def _bare(text: str, ids: CallIds, *, final: bool) -> Message | None:
+    """An answer that is one call object, bare or in a ```` ```json ```` fence, read as that
+    call; None when it is not one. While streaming, an answer that starts like a fence or an
+    object is held back until it is a call or has ended (then it is text, sent at the end)."""
+    lead = skip_space(text, 0)
+    start = text[lead:]
+    fence = FENCE.match(text, lead)
+    body = fence.end() if fence is not None else lead
+    if not final:
+        if not start.startswith(("{", "```")) and not "```".startswith(start):
+            return None
+        partial = partial_call(text, body)
+        return Message(None, (ToolCall(ids(0), *partial),)) if partial else Message("")
+    found = call_object(text, body)
+    if found is None:
+        return None
+    end = skip_space(text, found[2])
+    if fence is not None:
+        if not text.startswith("```", end):
+            return None
+        end = skip_space(text, end + 3)
+    if text[end:].strip():
+        return None
+    return Message(None, (ToolCall(ids(0), found[0], found[1]),))

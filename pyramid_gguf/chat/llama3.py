@@ -54,9 +54,10 @@ class Llama3Format:
     ) -> tuple[Trigger, ...]:
         """``{"name": "`` at the start of the answer, or ``<|python_tag|>`` anywhere."""
         rules = call_rules(tools, "parameters")
+        after_start = call_rules(tools, "parameters", after=START)
         return (
-            Trigger(START, at_start=True, grammar=grammar("call", rules)),
-            Trigger(TAG, grammar=grammar(f"{marker(TAG, special)} call", rules)),
+            Trigger(START, at_start=True, grammar=grammar("call", after_start)),
+            Trigger(TAG, grammar=grammar("call", rules)),
         )
 
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from ..core.errors import UserError
+from ..core.grammar import Grammar
 from ..core.ladder import TIERS, LadderPaths
 from ..core.load import KV_TYPES, LoadConfig, default_threads
 from ..core.sampling import SamplingConfig
 from ..core.spec import SPEC_KNOBS, SpecConfig
+from ..grammar import check_grammar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -220,6 +223,64 @@ def sampling_options(f: F) -> F:
     )
 
 
+def grammar_options(f: F) -> F:
+    """Structured output: a JSON schema, a GBNF grammar or any JSON object."""
+    return _apply(
+        [
+            click.option(
+                "--json-schema",
+                metavar="FILE|JSON",
+                default=None,
+                help="The answer is JSON valid under this schema (a file or inline JSON).",
+            ),
+            click.option(
+                "--grammar",
+                metavar="FILE|GBNF",
+                default=None,
+                help="The answer matches this llama.cpp GBNF grammar (a file or inline text).",
+            ),
+            click.option(
+                "--format",
+                "answer_format",
+                type=click.Choice(["json"]),
+                default=None,
+                help="json: the answer is one JSON object (Ollama's --format json).",
+            ),
+        ],
+        f,
+    )
+
+
+def grammar_from(params: dict[str, Any]) -> Grammar | None:
+    """The :class:`Grammar` of :func:`grammar_options`' flags (at most one of them), checked."""
+    given = [k for k in ("json_schema", "grammar", "answer_format") if params.get(k)]
+    if len(given) > 1:
+        raise UserError("give one of --json-schema, --grammar and --format json")
+    if not given:
+        return None
+    if params.get("answer_format"):
+        grammar = Grammar.json_object()
+    elif params.get("json_schema"):
+        grammar = Grammar.json_schema(_file_or_text(params["json_schema"], "--json-schema"))
+    else:
+        grammar = Grammar.gbnf(_file_or_text(params["grammar"], "--grammar"))
+    check_grammar(grammar)
+    return grammar
+
+
+def _file_or_text(value: str, flag: str) -> str:
+    """The contents of the file ``value`` names, else ``value`` itself (inline text)."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{flag}: cannot read {path}: {e}") from None
+    if value.lstrip().startswith(("{", "root", "#")) or "::=" in value:
+        return value
+    raise UserError(f"{flag}: {value} is neither a file nor an inline grammar or schema")
+
+
 def _knob_option(name: str) -> Callable[[F], F]:
     knob = next(k for k in SPEC_KNOBS if k.name == name)
     kind: Any = click.Choice(knob.choices) if knob.choices else knob.type
@@ -284,6 +345,7 @@ def sampling_config_from(params: dict[str, Any]) -> SamplingConfig:
         max_tokens=params["max_tokens"],
         stop=tuple(params.get("stop", ())),
         ignore_eos=params["ignore_eos"],
+        grammar=grammar_from(params),
     )
 
 

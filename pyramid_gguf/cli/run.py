@@ -31,6 +31,7 @@ from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,
     command,
+    grammar_options,
     ladder_options,
     sampling_config_from,
     sampling_options,
@@ -96,6 +97,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
 @click.option("--system", default=None, help="System message (implies --chat).")
 @ladder_options
 @sampling_options
+@grammar_options
 @spec_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text and stats).")
 @click.option("--verbose", "-v", is_flag=True, help="Per-stage and per-tier statistics on stderr.")
@@ -138,6 +140,8 @@ def run(
             if system is not None:
                 messages.insert(0, {"role": "system", "content": system})
             tokens: list[int] = pyramid.chat_tokens(messages)
+            if verbose:
+                click.echo(f"chat template: {pyramid.template().name}", err=True)
         else:
             tokens = pyramid.tokenize(text)
         result = _generate(pyramid, tokens, sampling, spec, stream_text=not as_json)
@@ -163,9 +167,10 @@ def chat_session(
     (and forgotten) without ending the chat.
     """
     if pyramid.chat_template is None:
-        raise UserError(
-            f"{pyramid.ladder.target.model.path.name} has no chat template, so there is no "
-            "interactive chat; give a prompt with -p TEXT, -f FILE or on stdin"
+        click.echo(
+            f"{pyramid.ladder.target.model.path.name} has no chat template: using the built-in "
+            "ChatML",
+            err=True,
         )
     with contextlib.suppress(ImportError):  # not on every platform
         import readline  # noqa: F401  (line editing and history for input())

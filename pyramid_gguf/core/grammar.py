@@ -100,10 +100,11 @@ class Grammar:
 @dataclass(frozen=True)
 class Trigger:
     """A lazy grammar: the output is free until ``text`` appears (at the very start of the
-    answer only, after any whitespace, with ``at_start``); from there ``grammar`` constrains
-    the rest of the answer, ``text`` included, as a tool call constrains its arguments once the
-    model opens it. ``grammar`` is a Lark grammar (its ``start`` rule first)."""
+    answer only, after any whitespace, with ``at_start``); ``grammar`` then constrains what
+    follows it, as a tool call constrains its arguments once the model opens it."""
 
     text: str
     grammar: Grammar
     at_start: bool = False
+    #: ``text`` is a regular expression (Python ``re`` syntax) rather than literal text.
+    regex: bool = False

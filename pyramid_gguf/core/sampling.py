@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, replace
 
 from .errors import UserError
+from .grammar import Grammar, Trigger
 
 #: Temperatures below this count as 0 (greedy): dividing logits by them overflows to NaN, and
 #: short of that they sample the argmax anyway unless two logits lie within about 1e-5.
@@ -23,7 +24,8 @@ class SamplingConfig:
     defaults). ``temperature == 0`` is greedy: one-hot on the argmax, lowest id on ties.
     ``top_k <= 0`` disables top-k; ``top_p >= 1`` and ``min_p <= 0`` disable theirs.
     Temperatures below :data:`MIN_TEMPERATURE` are stored as 0. ``seed``: None or -1 (llama.cpp's
-    convention) draws a random seed; -1 is stored as None.
+    convention) draws a random seed; -1 is stored as None. ``grammar`` / ``triggers`` constrain
+    the answer (structured output, tool calls; docs/ALGORITHMS.md, "Grammars").
     """
 
     temperature: float = 0.8
@@ -34,6 +36,11 @@ class SamplingConfig:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    #: The whole answer must match this grammar (a JSON schema, any JSON object, GBNF, ...):
+    #: every tier samples from its distribution restricted to the allowed tokens.
+    grammar: Grammar | None = None
+    #: Lazy grammars: the answer is free until one's text appears (a tool call opening).
+    triggers: tuple[Trigger, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -54,6 +61,8 @@ class SamplingConfig:
             raise UserError(f"--max-tokens must be at least 1, got {self.max_tokens}")
         if any(not s for s in self.stop):
             raise UserError("stop strings must not be empty")
+        if self.grammar is not None and self.triggers:
+            raise UserError("an answer has one grammar: a whole-answer one or lazy triggers")
 
     def with_(self, **changes: object) -> SamplingConfig:
         """A copy with some fields replaced (validated again)."""

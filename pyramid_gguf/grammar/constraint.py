@@ -164,6 +164,11 @@ class Constraint:
         self._ended = ends
         self.n_consumed += len(tokens)
 
+    def settle(self) -> None:
+        """Make every token consumed so far permanent: later rollbacks stop short of them (the
+        text a lazy grammar starts after, say)."""
+        self.n_consumed = 0
+
     def rollback(self, n: int) -> None:
         """Take back the last ``n`` consumed tokens (an EOS included); more than were
         consumed is a ``ValueError`` and changes nothing."""

@@ -5,13 +5,12 @@
 - :mod:`.buffers`: which buffer types hold the weights; repacking without the AMX kernels.
 - :mod:`.model`: :class:`NativeModel`, evaluation with exactly the logits rows asked for.
 - :mod:`.rollback`: KV-cache rollback (suffix removal or saved sequence states).
-- :mod:`.vocab`: tokenizer and special tokens. :mod:`.chat`: chat templates.
+- :mod:`.vocab`: tokenizer and special tokens.
 - :mod:`.grammar`: llguidance's tokenizer built from a model's vocabulary.
 """
 
 from .backend import build_id, ftype_names, quantize, supports_gpu_offload, system_info
 from .buffers import build_has_amx_kernels
-from .chat import format_chat
 from .grammar import grammar_tokenizer
 from .model import EvalTimer, NativeModel
 from .vocab import Vocab
@@ -22,7 +21,6 @@ __all__ = [
     "Vocab",
     "build_has_amx_kernels",
     "build_id",
-    "format_chat",
     "ftype_names",
     "grammar_tokenizer",
     "quantize",

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 
 from ..api import Prompt, Pyramid, Response, TokenLogprob
+from .assist import CallStream, chat_sampling
 from .http_errors import ApiError, ApiKeyMiddleware, error_of, install_error_handlers
 from .jobs import ClientGone, Job, JobQueue, Work, shutting_down
 from .openai import ResponseShape
@@ -35,8 +36,11 @@ def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {payload}\n\n"
 
 
-async def _events(job: Job, first: Response, shape: ResponseShape) -> AsyncGenerator[str, None]:
-    """The SSE body; leaving early (client gone) cancels the generation."""
+async def _events(
+    job: Job, first: Response, shape: ResponseShape, calls: CallStream | None
+) -> AsyncGenerator[str, None]:
+    """The SSE body; leaving early (client gone) cancels the generation. With ``calls`` the
+    text is read as content and tool calls, streamed as ``delta.tool_calls``."""
     try:
         if shape.chat:
             yield _sse(shape.chunk("", role=True))
@@ -45,9 +49,25 @@ async def _events(job: Job, first: Response, shape: ResponseShape) -> AsyncGener
         while step is not None:
             held += step.logprobs
             if step.finish_reason is not None:
-                yield _sse(shape.final_chunk(step.text, step.finish_reason, step.stats, held))
+                text, called = step.text, False
+                deltas: tuple[dict[str, Any], ...] = ()
+                if calls is not None:
+                    calls.feed(step.text)
+                    message, last = calls.finish()
+                    text, deltas, called = last.content, last.tool_calls, bool(message.calls)
+                yield _sse(
+                    shape.final_chunk(
+                        text, step.finish_reason, step.stats, held, tool_calls=deltas, called=called
+                    )
+                )
                 if shape.include_usage:
                     yield _sse(shape.usage_chunk(step.stats))
+            elif calls is not None:
+                delta = calls.feed(step.text)
+                if delta.content or delta.tool_calls or held:
+                    content = delta.content or None
+                    yield _sse(shape.chunk(content, logprobs=held, tool_calls=delta.tool_calls))
+                    held = []
             elif step.text:
                 yield _sse(shape.chunk(step.text, logprobs=held))
                 held = []
@@ -103,7 +123,11 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
         return {"object": "list", "data": [card]}
 
     async def serve(
-        request: Request, body: GenerationRequest, shape: ResponseShape, work: Work
+        request: Request,
+        body: GenerationRequest,
+        shape: ResponseShape,
+        work: Work,
+        calls: CallStream | None = None,
     ) -> HTTPResponse:
         job = queue.submit(work)
         try:
@@ -118,15 +142,19 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
             raise shutting_down()
         if body.stream:
             return StreamingResponse(
-                _events(job, first, shape),
+                _events(job, first, shape, calls),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await _collect(request, job, first, shape)
+        return await _collect(request, job, first, shape, calls)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
+        body.check_supported()
         sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
+        grammar = body.grammar_config()
+        if grammar is not None:
+            sampling = sampling.with_(grammar=grammar)
         prompt: Prompt = body.prompt  # type: ignore[assignment]
         if not isinstance(prompt, str):
             _check_token_ids(prompt, pyramid.ladder.target.n_vocab)
@@ -143,19 +171,28 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
+        body.check_supported()
         sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
+        grammar = body.grammar_config()
+        if grammar is not None:
+            sampling = sampling.with_(grammar=grammar)
+        plan = chat_sampling(pyramid, sampling, body.tool_request(), settings.chat_template)
         messages = [m.as_dict() for m in body.messages]
-
+        tools = plan.tools.tools if plan.tools is not None else None
         top = body.top_logprobs()
+        special = plan.calls is not None
 
         def work(cancel: threading.Event) -> Iterator[Response]:
-            tokens = pyramid.chat_tokens(messages, settings.chat_template)
-            return pyramid.stream(tokens, sampling, spec, cancel=cancel, logprobs=top)
+            tokens = pyramid.chat_tokens(messages, settings.chat_template, tools=tools)
+            return pyramid.stream(
+                tokens, plan.sampling, spec, cancel=cancel, logprobs=top, special=special
+            )
 
         shape = ResponseShape(
             chat=True, model=model_name, include_usage=body.include_usage, logprobs=top is not None
         )
-        return await serve(request, body, shape, work)
+        calls = CallStream(plan.calls) if plan.calls is not None else None
+        return await serve(request, body, shape, work, calls)
 
     return app
 
@@ -172,9 +209,10 @@ def _check_token_ids(prompt: Sequence[int], n_vocab: int) -> None:
 
 
 async def _collect(
-    request: Request, job: Job, first: Response, shape: ResponseShape
+    request: Request, job: Job, first: Response, shape: ResponseShape, calls: CallStream | None
 ) -> HTTPResponse:
-    """Join a whole generation into one JSON body; a client that leaves cancels it at once."""
+    """Join a whole generation into one JSON body (its text read as content and tool calls
+    with ``calls``); a client that leaves cancels it at once."""
     texts: list[str] = []
     logprobs: list[TokenLogprob] = []
     step: Response | None = first
@@ -190,7 +228,9 @@ async def _collect(
         return HTTPResponse(status_code=499)
     finally:
         job.cancel.set()
-    return JSONResponse(shape.full("".join(texts), last.finish_reason, last.stats, logprobs))
+    text = "".join(texts)
+    message = calls.fmt.parse(text, calls.ids) if calls is not None else None
+    return JSONResponse(shape.full(text, last.finish_reason, last.stats, logprobs, message))
 
 
 class Server(uvicorn.Server):

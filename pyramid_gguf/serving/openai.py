@@ -15,15 +15,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
 from ..api import Prompt, Pyramid, TokenLogprob
+from ..chat import Message
+from ..core.errors import UserError
 from ..core.sampling import SamplingConfig
 from ..core.spec import SpecConfig
 from ..decoding.runtime.stats import GenerationStats
+from .assist import chat_sampling
+from .http_errors import ApiError, validation_error
+from .schemas import ChatCompletionRequest
 
 
-def finish_reason(reason: str | None) -> str:
-    """OpenAI's finish reason of ours (``stop``; anything else ends by ``length``)."""
-    return "stop" if reason == "stop" else "length"
+def finish_reason(reason: str | None, called: bool = False) -> str:
+    """OpenAI's finish reason of ours: ``stop`` (``tool_calls`` when the answer ``called``
+    tools); anything else ends by ``length`` (an answer cut short, even inside a call)."""
+    if reason != "stop":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def usage(stats: GenerationStats) -> dict[str, int]:
@@ -136,14 +147,17 @@ class ResponseShape:
         *,
         role: bool = False,
         logprobs: Sequence[TokenLogprob] = (),
+        tool_calls: Sequence[dict[str, Any]] = (),
     ) -> dict[str, Any]:
-        """One streamed chunk: a text delta (with its tokens' ``logprobs`` when asked for), the
-        role (chat's first), or the finish reason."""
+        """One streamed chunk: a text delta (with its tokens' ``logprobs`` when asked for),
+        ``delta.tool_calls`` entries, the role (chat's first), or the finish reason."""
         lp = self._logprobs(logprobs) if logprobs or not role else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = list(tool_calls)
             choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice])
         choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
@@ -160,10 +174,14 @@ class ResponseShape:
         reason: str | None,
         stats: GenerationStats,
         logprobs: Sequence[TokenLogprob] = (),
+        tool_calls: Sequence[dict[str, Any]] = (),
+        called: bool = False,
     ) -> dict[str, Any]:
-        """The streamed chunk with the finish reason (and the last text), plus ``timings``."""
+        """The streamed chunk with the finish reason (and the last text and call deltas), plus
+        ``timings``; ``called``: the answer called tools."""
         text_or_none = (text or None) if self.chat else text
-        chunk = self.chunk(text_or_none, finish_reason(reason), logprobs=logprobs)
+        finish = finish_reason(reason, called)
+        chunk = self.chunk(text_or_none, finish, logprobs=logprobs, tool_calls=tool_calls)
         return chunk | {"timings": timings(stats)}
 
     def full(
@@ -172,15 +190,23 @@ class ResponseShape:
         reason: str | None,
         stats: GenerationStats,
         logprobs: Sequence[TokenLogprob] = (),
+        message: Message | None = None,
     ) -> dict[str, Any]:
         """A non-streamed response with ``usage`` and ``timings`` (and ``logprobs`` of every
-        token when asked for)."""
-        finish = finish_reason(reason)
+        token when asked for). ``message``: the answer read as content and tool calls (chat
+        with tools), else ``text`` is the content."""
+        calls = message.calls if message is not None else ()
+        finish = finish_reason(reason, bool(calls))
         lp = self._logprobs(logprobs)
         if self.chat:
+            body: dict[str, Any] = {"role": "assistant", "content": text}
+            if message is not None:
+                body["content"] = message.content
+                if calls:
+                    body["tool_calls"] = [c.to_openai() for c in calls]
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": body,
                 "logprobs": lp,
                 "finish_reason": finish,
             }
@@ -210,8 +236,39 @@ def create_chat_completion(
     spec: SpecConfig | None = None,
     *,
     chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
+    parallel_tool_calls: bool | None = None,
+    response_format: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A ``chat.completion`` dict with ``usage`` and a ``timings`` extra, the prompt built with
-    the target GGUF's chat template (or ``chat_template``)."""
-    c = pyramid.generate(pyramid.chat_tokens(messages, chat_template), sampling, spec)
-    return ResponseShape(chat=True, model=pyramid.name).full(c.text, c.finish_reason, c.stats)
+    """A ``chat.completion`` dict with ``usage`` and a ``timings`` extra, as llama-cpp-python's
+    ``Llama.create_chat_completion`` returns: the prompt built with the target GGUF's chat
+    template (or ``chat_template``), ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and
+    ``response_format`` as OpenAI takes them (a one-line :class:`UserError` for bad ones)."""
+    fields = {
+        "messages": messages,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": parallel_tool_calls,
+        "response_format": response_format,
+    }
+    try:
+        request = ChatCompletionRequest.model_validate(fields)
+        request.check_supported()
+        grammar = request.grammar_config()
+        offered = request.tool_request()
+        turns = [m.as_dict() for m in request.messages]
+    except ApiError as e:
+        raise UserError(e.message) from None
+    except ValidationError as e:
+        raise UserError(validation_error(RequestValidationError(e.errors())).message) from None
+    sampling = sampling or SamplingConfig()
+    if grammar is not None:
+        sampling = sampling.with_(grammar=grammar)
+    plan = chat_sampling(pyramid, sampling, offered, chat_template)
+    rendered = plan.tools.tools if plan.tools is not None else None
+    tokens = pyramid.chat_tokens(turns, chat_template, tools=rendered)
+    c = pyramid.generate(tokens, plan.sampling, spec, special=plan.calls is not None)
+    message = plan.calls.parse(c.text) if plan.calls is not None else None
+    shape = ResponseShape(chat=True, model=pyramid.name)
+    return shape.full(c.text, c.finish_reason, c.stats, message=message)

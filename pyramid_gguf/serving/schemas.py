@@ -1,9 +1,14 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions`` (pydantic).
 
-Unknown fields are ignored, as OpenAI clients send many. Sampling fields override the
-server's :class:`~pyramid_gguf.core.sampling.SamplingConfig`; the speculative knobs of
-:data:`~pyramid_gguf.core.spec.SPEC_KNOBS` (under their names or aliases, ``l_D`` for ``l_d``)
-override its :class:`~pyramid_gguf.core.spec.SpecConfig`, for that request only.
+Unknown fields are ignored, as OpenAI clients send many, except those that would change the
+answer and that we do not honour (:data:`UNSUPPORTED`): they are a 400, never silent neglect.
+Sampling fields override the server's :class:`~pyramid_gguf.core.sampling.SamplingConfig`; the
+speculative knobs of :data:`~pyramid_gguf.core.spec.SPEC_KNOBS` (under their names or aliases,
+``l_D`` for ``l_d``) override its :class:`~pyramid_gguf.core.spec.SpecConfig`, for that request
+only. Structured output comes as OpenAI's ``response_format`` or llama-server's ``json_schema``
+and ``grammar`` (:meth:`GenerationRequest.grammar_config`); tools as OpenAI's ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` (:meth:`ChatCompletionRequest.tool_request`).
+Nothing here loads native code.
 """
 
 from __future__ import annotations
@@ -12,11 +17,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..chat import ToolRequest, parse_tool_request
 from ..core.errors import UserError
+from ..core.grammar import Grammar
 from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
 from ..core.spec import SPEC_KNOBS, SpecConfig
 from ..core.textstream import encode_utf8
+from ..grammar import check_grammar
 from .http_errors import ApiError
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` is ``neutral``; a bool only equals a bool (``0 == False`` in Python)."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    return bool(value == neutral)
 
 
 def _utf8(text: str) -> str:
@@ -26,6 +41,23 @@ def _utf8(text: str) -> str:
     except UserError as e:
         raise ValueError(str(e)) from None
     return text
+
+
+#: Fields that change the answer and that we do not honour, with the value that changes
+#: nothing (sent by many clients as a default) and what to say instead.
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logit_bias": ((None, {}), "logit_bias is not supported"),
+    "presence_penalty": ((None, 0, 0.0), "presence_penalty is not supported (send 0)"),
+    "frequency_penalty": ((None, 0, 0.0), "frequency_penalty is not supported (send 0)"),
+    "repeat_penalty": ((None, 1, 1.0), "repeat_penalty is not supported (send 1)"),
+    "typical_p": ((None, 1, 1.0), "typical_p is not supported (send 1)"),
+    "mirostat": ((None, 0), "mirostat is not supported (send 0)"),
+    "best_of": ((None, 1), "best_of is not supported: one completion per request"),
+    "echo": ((None, False), "echo is not supported"),
+    "suffix": ((None, ""), "suffix (fill-in-the-middle) is not supported"),
+    "functions": ((None, []), "functions is the old form of tools: send tools"),
+    "function_call": ((None,), "function_call is the old form of tool_choice: send tool_choice"),
+}
 
 
 class StreamOptions(BaseModel):
@@ -55,6 +87,11 @@ class GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
     n: int = 1
+    #: OpenAI's structured output: ``{"type": "text" | "json_object" | "json_schema", ...}``.
+    response_format: dict[str, Any] | None = None
+    #: llama-server's: a JSON schema, or a GBNF grammar.
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
 
     @field_validator("n")
     @classmethod
@@ -93,6 +130,49 @@ class GenerationRequest(BaseModel):
             changes["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         return base.with_(**changes) if changes else base
 
+    def check_supported(self) -> None:
+        """A 400 for a field that would change the answer and that we do not honour."""
+        extra = self.model_extra or {}
+        for name, (neutral, message) in UNSUPPORTED.items():
+            if name in extra and not any(_same(extra[name], v) for v in neutral):
+                raise ApiError(400, message, param=name)
+
+    def grammar_config(self) -> Grammar | None:
+        """The grammar the answer must match, from ``response_format``, ``json_schema`` or
+        ``grammar`` (at most one), checked: a 400 naming the field and the problem."""
+        given = [k for k in ("response_format", "json_schema", "grammar") if getattr(self, k)]
+        if len(given) > 1:
+            raise ApiError(400, f"send one of {' and '.join(given)}", param=given[1])
+        try:
+            grammar = self._grammar()
+            if grammar is not None:
+                check_grammar(grammar)
+        except UserError as e:
+            raise ApiError(400, f"{given[0]}: {e}", param=given[0]) from None
+        return grammar
+
+    def _grammar(self) -> Grammar | None:
+        if self.json_schema is not None:
+            return Grammar.json_schema(self.json_schema)
+        if self.grammar is not None:
+            return Grammar.gbnf(self.grammar)
+        fmt = self.response_format
+        if fmt is None:
+            return None
+        kind = fmt.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":  # llama-server also takes a schema here
+            schema = fmt.get("schema")
+            return Grammar.json_object() if schema is None else Grammar.json_schema(schema)
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise UserError("json_schema.schema must be a JSON schema object")
+            strict = spec.get("strict")
+            return Grammar.json_schema(spec["schema"], strict=strict is not False)
+        raise UserError(f"type must be text, json_object or json_schema, got {kind!r}")
+
     def spec(self, base: SpecConfig) -> SpecConfig:
         """``base`` with the speculative knobs this request sets.
 
@@ -120,6 +200,12 @@ class CompletionRequest(GenerationRequest):
 
     def top_logprobs(self) -> int | None:
         return self.logprobs
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for name in ("tools", "tool_choice"):
+            if (self.model_extra or {}).get(name) is not None:
+                raise ApiError(400, f"{name} needs /v1/chat/completions", param=name)
 
     @field_validator("prompt")
     @classmethod
@@ -167,11 +253,23 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
     logprobs: bool = False
     top_logprobs_: int | None = Field(None, alias="top_logprobs", ge=0, le=MAX_TOP_LOGPROBS)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def tool_request(self) -> ToolRequest | None:
+        """The request's tools and how to use them (None: no tools); a 400 naming the field
+        for a tool without a name, an invalid schema, a ``tool_choice`` naming no tool..."""
+        try:
+            return parse_tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
+        except UserError as e:
+            param = "tool_choice" if "tool_choice" in str(e) else "tools"
+            raise ApiError(400, str(e), param=param) from None
 
     def top_logprobs(self) -> int | None:
         """OpenAI's rule: ``top_logprobs`` needs ``logprobs: true``."""

@@ -132,28 +132,33 @@ class Chain:
         lags: Mapping[str, int] | None = None,
         available: int | None = None,
         budget: policy.Budget | None = None,
+        forced: int = 0,
     ) -> policy.Pick:
         """This chain's best next round (:func:`policy.best_block` over block sizes).
 
         ``costs``: each tier's :class:`CostCurve` by name. ``keeps``: per stage (bottom-up)
         the keep probabilities of its proposals. ``lags``: committed tokens each model below
         the target has not seen (it catches up when next used). ``available``: tokens the
-        n-gram drafter offers (its continuation). Plain decoding's pick is its one option.
+        n-gram drafter offers (its continuation). ``forced``: tokens a grammar forces before
+        the block (certain acceptances, verified in the same batch). Plain decoding's pick is
+        its one option.
         """
         target = costs["target"]
         lags = lags or {}
         if self.plain:
-            base = policy.plain(target, overhead)
+            base = policy.plain(target, overhead, forced)
             return policy.Pick(base, base)
         if self.bottom == NGRAM_TIER and len(self.rules) == 1:
             first, after = keeps[0]
             n = max_k if available is None else available
-            return policy.ngram(target, first, after, n, max_k, overhead, budget)
+            return policy.ngram(target, first, after, n, max_k, overhead, budget, forced)
         if self.bottom != NGRAM_TIER and len(self.rules) == 1:
             model = self.bottom
             keep = keeps[0][0]
             lag = lags.get(model, 0)
-            return policy.draft(model, target, costs[model], keep, max_k, lag, overhead, budget)
+            return policy.draft(
+                model, target, costs[model], keep, max_k, lag, overhead, budget, forced
+            )
         if self.bottom != NGRAM_TIER and len(self.rules) == 2:
             lower, middle = self.tiers[0], self.tiers[1]
             pair = (lags.get(lower, 0), lags.get(middle, 0))
@@ -167,6 +172,7 @@ class Chain:
                 pair,
                 overhead,
                 budget,
+                forced,
             )
         raise ValueError(f"chain {self.name} ({' -> '.join(self.tiers)}) is not priced")
 

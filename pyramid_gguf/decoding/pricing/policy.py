@@ -199,9 +199,10 @@ def best_block(
     return Pick(best, best if allowed_k == best_k else option(allowed_k), refused)
 
 
-def plain(target: CostCurve, overhead: float) -> Option:
-    """Plain decoding: one token per one-token evaluation."""
-    return Option("target", 0, 1.0, target(1) + overhead)
+def plain(target: CostCurve, overhead: float, forced: int = 0) -> Option:
+    """Plain decoding: one token per one-token evaluation. With ``forced`` tokens of a grammar
+    (certain to be kept), they and the target's next token in one evaluation."""
+    return Option("target", 0, 1.0 + forced, target(1 + forced) + overhead)
 
 
 def ngram(
@@ -212,11 +213,14 @@ def ngram(
     max_k: int,
     overhead: float,
     budget: Budget | None = None,
+    forced: int = 0,
 ) -> Pick:
-    """Proposing up to ``available`` n-gram tokens (drafting costs nothing)."""
+    """Proposing up to ``available`` n-gram tokens (drafting costs nothing) after ``forced``
+    tokens of a grammar (kept for certain, verified in the same batch)."""
     ks = range(1, min(available, max_k) + 1)
-    tokens = [expected_tokens(first, after, k) for k in ks]
-    return best_block("ngram", tokens, [target(k + 1) + overhead for k in ks], budget=budget)
+    tokens = [forced + expected_tokens(first, after, k) for k in ks]
+    seconds = [target(k + forced + 1) + overhead for k in ks]
+    return best_block("ngram", tokens, seconds, budget=budget)
 
 
 def draft(
@@ -228,13 +232,15 @@ def draft(
     lag: int,
     overhead: float,
     budget: Budget | None = None,
+    forced: int = 0,
 ) -> Pick:
-    """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``)."""
-    catch_up = model(lag) / CATCH_UP_ROUNDS
+    """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``), after
+    ``forced`` tokens of a grammar (the model reads them with its first draft step)."""
+    catch_up = model(lag) / CATCH_UP_ROUNDS + (model(forced + 1) - model(1) if forced else 0.0)
     one = model(1)
     ks = range(1, max_k + 1)
-    tokens = [expected_tokens(keep, keep, k) for k in ks]
-    seconds = [k * one + catch_up + target(k + 1) + overhead for k in ks]
+    tokens = [forced + expected_tokens(keep, keep, k) for k in ks]
+    seconds = [k * one + catch_up + target(k + forced + 1) + overhead for k in ks]
     return best_block(name, tokens, seconds, budget=budget)
 
 
@@ -248,13 +254,15 @@ def pyramid(
     lags: tuple[int, int],
     overhead: float,
     budget: Budget | None = None,
+    forced: int = 0,
 ) -> Pick:
     """Draft -> qualifier -> target: the qualifier fills a buffer of ``k`` tokens from checks
-    of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``)."""
-    catch_up = (bottom(lags[0]) + qualifier(lags[1])) / CATCH_UP_ROUNDS
+    of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``), after
+    ``forced`` tokens of a grammar."""
+    catch_up = (bottom(lags[0] + forced) + qualifier(lags[1] + forced)) / CATCH_UP_ROUNDS
     ks = range(1, max_k + 1)
-    tokens = [expected_tokens(keep_qt, keep_qt, k) for k in ks]
-    verify = [target(k + 1) for k in ks]
+    tokens = [forced + expected_tokens(keep_qt, keep_qt, k) for k in ks]
+    verify = [target(k + forced + 1) for k in ks]
     one = bottom(1)
     pick = Pick()
     for l_d in range(1, MAX_L_D + 1):

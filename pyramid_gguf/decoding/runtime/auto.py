@@ -36,6 +36,7 @@ from ..pricing.chains import NGRAM_TIER, Chain, Keep, ladder_chains
 from ..pricing.costs import CostCurve
 from ..pricing.estimates import ChainAcceptance, NGramAcceptance
 from ..pricing.policy import Option, Pick
+from .guide import Guide
 from .ngram import Match, NGramDrafter, NGramPool
 from .proposers import Admit, DraftProposer, Observe
 from .protocol import Block
@@ -75,10 +76,11 @@ class AutoRounds:
         stats: GenerationStats,
         costs: Mapping[str, CostCurve],
         pool: NGramPool | None = None,
+        guide: Guide | None = None,
     ) -> None:
         self.spec = spec
         self.costs = costs
-        self.runner = Runner(ladder, sampler, stats)
+        self.runner = Runner(ladder, sampler, stats, guide)
         self.chains = {c.name: c for c in ladder_chains(ladder.shape, spec)}
         #: Each lossy chain's fuzzy stages, as ``-v`` names them.
         self.lossy = {
@@ -106,16 +108,22 @@ class AutoRounds:
         self.shadows: list[Shadow] = []
         #: Rounds run so far in this generation.
         self.rounds = 0
-        self._bounds: dict[tuple[str, tuple[Keep, ...], int], Option | None] = {}
+        self._bounds: dict[tuple[str, tuple[Keep, ...], int, int], Option | None] = {}
 
     # --- choosing --------------------------------------------------------------------------
 
     def picks(
-        self, committed: Sequence[int], max_k: int, match: Match | None, budget: policy.Budget
+        self,
+        committed: Sequence[int],
+        max_k: int,
+        match: Match | None,
+        budget: policy.Budget,
+        forced: int = 0,
     ) -> dict[str, Pick]:
-        """Every chain's options within ``budget``, by chain name. A model chain whose bound
-        (:meth:`_bound`) cannot beat plain decoding is not priced (it could not be chosen):
-        its pick holds the bound only."""
+        """Every chain's options within ``budget``, by chain name, each after ``forced`` tokens
+        of a grammar (``committed`` includes them). A model chain whose bound (:meth:`_bound`)
+        cannot beat plain decoding is not priced (it could not be chosen): its pick holds the
+        bound only."""
         out: dict[str, Pick] = {}
         if match is not None:  # any length: the estimates say what a match length is worth
             keep = self.ngram_keep.estimate(match.length, quoted=match.quoted)
@@ -126,19 +134,26 @@ class AutoRounds:
                 overhead=self.overhead,
                 available=len(match.continuation),
                 budget=budget,
+                forced=forced,
             )
         # models have no shadows to learn from: an allowance for their rounds (EXPLORE_SHARE)
         allowance = policy.EXPLORE_SHARE * self.rounds * budget.base.seconds
         explore = policy.Budget(budget.base, budget.savings + allowance)
         for chain in self.model_chains:
             keeps = self._keeps(chain)
-            bound = self._bound(chain, keeps, max_k)
+            bound = self._bound(chain, keeps, max_k, forced)
             if bound is None or not budget.worth(bound):
                 out[chain.name] = Pick(best=bound)
                 continue
             lags = {t.name: t.lag(committed) for t in self.runner.tiers(chain)[:-1]}
             out[chain.name] = chain.price(
-                self.costs, keeps, max_k, overhead=self.overhead, lags=lags, budget=explore
+                self.costs,
+                keeps,
+                max_k,
+                overhead=self.overhead,
+                lags=lags,
+                budget=explore,
+                forced=forced,
             )
         return out
 
@@ -148,13 +163,15 @@ class AutoRounds:
         rates = (self.chain_keep.optimistic(s.name, self.rounds) for s in chain.stages)
         return tuple((r, r) for r in rates)
 
-    def _bound(self, chain: Chain, keeps: tuple[Keep, ...], max_k: int) -> Option | None:
+    def _bound(
+        self, chain: Chain, keeps: tuple[Keep, ...], max_k: int, forced: int
+    ) -> Option | None:
         """The best option of a model chain at these keep rates, caught up and without a
         budget: the most it can promise until its keep rates change (which takes a round of
         it), cached."""
-        key = (chain.name, keeps, max_k)
+        key = (chain.name, keeps, max_k, forced)
         if key not in self._bounds:
-            pick = chain.price(self.costs, keeps, max_k, overhead=self.overhead)
+            pick = chain.price(self.costs, keeps, max_k, overhead=self.overhead, forced=forced)
             self._bounds[key] = pick.best
         return self._bounds[key]
 
@@ -163,28 +180,33 @@ class AutoRounds:
     def run(self, committed: list[int], room: int) -> list[int]:
         if self.answer_start is None:
             self.answer_start = len(committed)
-        max_k = min(self.spec.max_block, room - 1) if room > 1 else 0
-        match = self.drafter.lookup(committed, max_k, self.answer_start) if max_k > 0 else None
-        base = policy.plain(self.costs["target"], self.overhead)
-        self._settle(committed, base)
+        # A grammar's forced tokens come first, free: every option is priced after them.
+        forced = self.runner.forced(committed, room - 1)
+        ctx = [*committed, *forced] if forced else committed
+        left = room - 1 - len(forced)
+        max_k = min(self.spec.max_block, left) if left > 0 else 0
+        match = self.drafter.lookup(ctx, max_k, self.answer_start) if max_k > 0 else None
+        plain = policy.plain(self.costs["target"], self.overhead)
+        base = policy.plain(self.costs["target"], self.overhead, len(forced)) if forced else plain
+        self._settle(committed, plain)
         # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone.
         copying = match is not None and match.copying
         budget = policy.Budget(base) if copying else self.ledger.budget(base)
-        picks = self.picks(committed, max_k, match, budget) if max_k > 0 else {}
+        picks = self.picks(ctx, max_k, match, budget, len(forced)) if max_k > 0 else {}
         choice = policy.choose(base, [p.allowed for p in picks.values()])
         if choice is base and any(p.refused for p in picks.values()):
             self.auto.unfunded += 1
         shadow = picks.get(self.ngram.name, Pick()).best
-        if choice is base and match is not None and shadow is not None:
+        if choice is base and match is not None and shadow is not None and not forced:
             self._shadow(committed, match, shadow, base)
         for name, pick in picks.items():
             if pick.best is not None:
                 self.auto.outlook[name] = pick.best.rate / base.rate
-        new, proposed = self._execute(choice, committed, match)
+        new, proposed = self._execute(choice, committed, match, forced)
         self.rounds += 1
         self.auto.record(choice.chain, proposed, len(new), self.lossy[choice.chain])
-        if choice is not base:  # what this round saved (or lost) against plain decoding
-            self.ledger.round(choice, len(new), base)
+        if choice is not plain:  # what this round saved (or lost) against plain decoding
+            self.ledger.round(choice, len(new), plain)
         self.auto.savings = self.ledger.savings
         self.auto.shadow_credit = self.ledger.shadow_credit
         return new
@@ -213,18 +235,24 @@ class AutoRounds:
         self.shadows = pending
 
     def _execute(
-        self, choice: Option, committed: list[int], match: Match | None
+        self, choice: Option, committed: list[int], match: Match | None, forced: list[int]
     ) -> tuple[list[int], int]:
-        """Run ``choice``; the committed tokens and how many were proposed."""
+        """Run ``choice`` after the grammar's ``forced`` tokens; the committed tokens and how
+        many were drafted."""
         chain = self.chains[choice.chain]
+        f = len(forced)
         if chain.plain:
-            return self.runner.plain(committed), 0
+            if not forced:
+                return self.runner.plain(committed), 0
+            v = self.runner.verify(self.ngram.top, committed, Block(forced, None, None), f)
+            return v.tokens, 0
         if chain is self.ngram:
             assert match is not None
-            block = Block(match.continuation[: choice.k], None, None)
-            v = self.runner.verify(chain.top, committed, block)
-            self.ngram_keep.record(match.length, len(block), v.n_accepted, quoted=match.quoted)
-            return v.tokens, len(block)
+            block = Block([*forced, *match.continuation[: choice.k]], None, None)
+            v = self.runner.verify(chain.top, committed, block, f)
+            kept = max(v.n_accepted - f, 0)
+            self.ngram_keep.record(match.length, len(block) - f, kept, quoted=match.quoted)
+            return v.tokens, len(block) - f
         pyramid = len(chain.stages) > 1
         proposer = self.runner.proposer(
             chain,
@@ -233,12 +261,13 @@ class AutoRounds:
             admit=None if pyramid else self._admit(choice),
             observe=self._observe(chain.stages[0].name) if pyramid else None,
         )
-        block = proposer.propose(committed, self.spec.max_block)
-        v = self.runner.verify(chain.top, committed, block)
-        self.chain_keep.record(chain.top.name, len(block), v.n_accepted)
+        block = self.runner.propose(proposer, committed, forced, f + self.spec.max_block)
+        v = self.runner.verify(chain.top, committed, block, f)
+        kept = max(v.n_accepted - f, 0)
+        self.chain_keep.record(chain.top.name, len(block) - f, kept)
         if isinstance(proposer, DraftProposer) and proposer.top_probs:
-            self.chain_keep.record_confidence(proposer.top_probs, v.n_accepted)
-        return v.tokens, len(block)
+            self.chain_keep.record_confidence(proposer.top_probs, kept)
+        return v.tokens, len(block) - f
 
     def _observe(self, stage: str) -> Observe:
         """Record each of a pyramid's qualifier checks into the keep rate of ``stage``."""

@@ -17,7 +17,10 @@ import numpy as np
 from ...core.errors import ContextOverflow, UserError
 from ...core.sampling import SamplingConfig
 from ...core.spec import SpecConfig
+from ...grammar.masking import mask_logits
+from ...native import grammar_tokenizer
 from ..pricing.costs import CostCurve
+from .guide import Guide
 from .ngram import NGramPool
 from .rounds import Rounds, fixed_rounds
 from .sampling import Sampler
@@ -33,20 +36,39 @@ def make_rounds(
     *,
     costs: dict[str, CostCurve] | None = None,
     pool: NGramPool | None = None,
+    guide: Guide | None = None,
 ) -> tuple[Rounds, list[ModelTier]]:
     """The rounds of ``spec.mode`` and the tiers to prefill with the prompt.
 
     ``auto`` needs ``costs`` (each tier's :class:`CostCurve`, by tier name); ``pool`` lets
-    the n-gram drafter search earlier requests.
+    the n-gram drafter search earlier requests; ``guide`` constrains every round (a grammar).
     """
     if spec.info.auto:
         from .auto import AutoRounds
 
         if costs is None:
             raise ValueError("mode auto needs the tiers' cost curves")
-        auto = AutoRounds(ladder, spec, sampler, stats, costs, pool)
+        auto = AutoRounds(ladder, spec, sampler, stats, costs, pool, guide)
         return auto, [ladder.target]
-    return fixed_rounds(ladder, spec, sampler, stats, pool)
+    return fixed_rounds(ladder, spec, sampler, stats, pool, guide)
+
+
+def make_guide(ladder: Ladder, sampling: SamplingConfig, start: int) -> Guide | None:
+    """The grammar of a generation whose answer starts at ``start`` (None when
+    ``sampling`` asks for none): llguidance's tokenizer of the target's vocabulary, which
+    every tier shares."""
+    if sampling.grammar is None and not sampling.triggers:
+        return None
+    target = ladder.target
+    vocab = target.vocab
+    return Guide(
+        grammar_tokenizer(target.model),
+        target.n_vocab,
+        lambda t: vocab.token_bytes(t, special=True),
+        start,
+        grammar=sampling.grammar,
+        triggers=sampling.triggers,
+    )
 
 
 class Generation:
@@ -78,6 +100,7 @@ class Generation:
         sampler: Sampler,
         stats: GenerationStats,
         rows: list[np.ndarray] | None = None,
+        guide: Guide | None = None,
     ) -> None:
         self.n_ctx = min(m.n_ctx for m in ladder.models)
         if not prompt:
@@ -94,6 +117,8 @@ class Generation:
         self.sampler = sampler
         self.stats = stats
         self.rows = rows
+        #: The answer's grammar (None: unconstrained), stepped with the committed tokens.
+        self.guide = guide
         #: The prompt and every token committed after it (an end-of-generation token included).
         self.committed = list(prompt)
         self.done = False
@@ -131,6 +156,8 @@ class Generation:
     def close(self) -> None:
         """Settle the statistics: generation time, and each tier's work since the start."""
         self.done = True
+        if self.guide is not None:
+            self.stats.grammar_seconds = self.guide.seconds
         if self._started:
             self.stats.generation_seconds = time.perf_counter() - self._t_gen
         self.stats.tiers = [
@@ -153,13 +180,17 @@ class Generation:
         prefilled = self._after_prompt["target"][1] - self._before["target"][1]
         self.stats.prompt_evaluated = prefilled
         self._t_gen = time.perf_counter()
+        if self.guide is not None:
+            allowed = self.guide.allowed(self.prompt)
+            row = row if allowed is None else mask_logits(row, allowed)
         if self.rows is not None:  # the target's row of every committed token, in order
             self.rounds.runner.keep_rows = True
             self.rows.append(row)
         return [self.sampler.pick(row)]
 
     def _emit(self, new: Sequence[int]) -> list[int]:
-        """Commit ``new`` up to ``max_tokens``, ending at an end-of-generation token."""
+        """Commit ``new`` up to ``max_tokens``, ending at an end-of-generation token, or where a
+        lazy grammar's trigger appears (the round's tokens after it were chosen without it)."""
         cfg: SamplingConfig = self.sampler.cfg
         out: list[int] = []
         for token in new[: cfg.max_tokens - self.stats.generated_tokens]:
@@ -168,7 +199,11 @@ class Generation:
                 self._finish("stop")
                 break
             out.append(token)
+            if self.guide is not None and self.guide.observe(self.committed):
+                break  # a lazy grammar starts here: the round's later tokens ignored it
         self.stats.generated_tokens += len(out)
+        if self.rows is not None:
+            del self.rows[self.stats.generated_tokens :]
         self._last = out
         return out
 
@@ -190,10 +225,11 @@ def decode(
     sampler: Sampler,
     stats: GenerationStats,
     rows: list[np.ndarray] | None = None,
+    guide: Guide | None = None,
 ) -> Generator[int, None, None]:
     """Yield a :class:`Generation`'s tokens one at a time, filling ``stats`` as it goes (the
     caller stops pulling to end it early)."""
-    gen = Generation(ladder, prompt, rounds, prefill, sampler, stats, rows)
+    gen = Generation(ladder, prompt, rounds, prefill, sampler, stats, rows, guide)
     try:
         while not gen.done:
             new = gen.step()

@@ -16,8 +16,11 @@ the masked target's distribution exactly.
 
 from __future__ import annotations
 
-import json
+import functools
+import re
+import time
 from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import llguidance
 import numpy as np
@@ -25,6 +28,22 @@ import numpy as np
 from ...core.grammar import Grammar, Trigger
 from ...grammar import Constraint
 from .tiers import common_prefix
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _timed(method: F) -> F:
+    """Add the time a :class:`Guide` method takes to the guide's ``seconds``."""
+
+    @functools.wraps(method)
+    def timed(self: Guide, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    return cast(F, timed)
 
 
 class Guide:
@@ -63,6 +82,8 @@ class Guide:
         self._scanned = 0
         #: A lazy grammar took over the answer (its trigger appeared).
         self.triggered: Trigger | None = None
+        #: Seconds spent here (masks, checks, forced tokens, trigger scans).
+        self.seconds = 0.0
 
     @property
     def active(self) -> bool:
@@ -76,6 +97,7 @@ class Guide:
         masks = self.masks(context, ())
         return None if masks is None else masks[0]
 
+    @_timed
     def masks(self, context: Sequence[int], tokens: Sequence[int]) -> np.ndarray | None:
         """Bool ``[k + 1, V]``: the allowed tokens after ``context`` and after each prefix of
         ``tokens`` (a valid block), or None where the grammar is not active."""
@@ -84,6 +106,7 @@ class Guide:
         assert self.constraint is not None
         return self.constraint.masks(tokens)
 
+    @_timed
     def valid(self, context: Sequence[int], tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar accepts after ``context``."""
         if not self._goto(context):
@@ -91,6 +114,7 @@ class Guide:
         assert self.constraint is not None
         return self.constraint.validate(tokens)
 
+    @_timed
     def forced(self, context: Sequence[int]) -> list[int]:
         """The tokens the grammar forces after ``context`` (empty where inactive)."""
         if not self._goto(context):
@@ -115,58 +139,50 @@ class Guide:
 
     # --- committing ---------------------------------------------------------------------
 
-    def observe(self, committed: Sequence[int]) -> int | None:
-        """Called after each committed token: where a lazy grammar's trigger has just appeared,
-        start its constraint and return how many committed tokens to keep (the tokens after the
-        trigger were chosen without it, so the round ends at the last one the grammar accepts);
-        else None."""
+    @_timed
+    def observe(self, committed: Sequence[int]) -> bool:
+        """Called after each committed token: True when a lazy grammar's trigger has just
+        appeared, ending with that token. Its constraint then starts: what the token holds
+        after the trigger's end must fit the grammar (else the answer has left it already and
+        stays free), and the round must stop here: its later tokens were chosen without it."""
         if not self.triggers or self.triggered is not None:
-            return None
+            return False
         answer = committed[self.start :]
-        n_tok = len(answer)
-        if n_tok == self._scanned:
-            return None
-        self._scanned = n_tok
+        if len(answer) == self._scanned:
+            return False
+        self._scanned = len(answer)
         text = b"".join(self.piece(t) for t in answer)
         for trigger in self.triggers:
-            at = self._find(text, trigger)
-            if at is not None:
-                return self._begin(committed, trigger, text, at)
-        return None
+            end = self._find(text, trigger)
+            if end is not None:
+                self._begin(len(committed), trigger, text[end:])
+                return True
+        return False
 
     def _find(self, text: bytes, trigger: Trigger) -> int | None:
-        """Byte offset of ``trigger`` in the answer's ``text``, or None."""
+        """Byte offset of the end of ``trigger`` in the answer's ``text``, or None."""
+        lead = len(text) - len(text.lstrip()) if trigger.at_start else 0
+        if trigger.regex:
+            pattern = re.compile(trigger.text.encode("utf-8"))
+            found = pattern.match(text, lead) if trigger.at_start else pattern.search(text)
+            return None if found is None else found.end()
         needle = trigger.text.encode("utf-8")
         if trigger.at_start:
-            lead = len(text) - len(text.lstrip())
-            return lead if text[lead:].startswith(needle) else None
+            return lead + len(needle) if text[lead:].startswith(needle) else None
         at = text.find(needle)
-        return at if at >= 0 else None
+        return at + len(needle) if at >= 0 else None
 
-    def _begin(self, committed: Sequence[int], trigger: Trigger, text: bytes, at: int) -> int:
-        """Start ``trigger``'s grammar at the token where its text begins (``at`` bytes into
-        the answer); keep the committed tokens it accepts and return how many that is."""
+    def _begin(self, begin: int, trigger: Trigger, leftover: bytes) -> None:
+        """Start ``trigger``'s grammar after the committed token ``begin - 1``, whose text
+        ends with ``leftover`` past the trigger (consumed into the matcher first)."""
         self.triggered = trigger
-        answer = committed[self.start :]
-        first, offset = 0, 0
-        while first < len(answer) and offset + len(self.piece(answer[first])) <= at:
-            offset += len(self.piece(answer[first]))
-            first += 1
-        lead = text[offset:at].decode("utf-8", errors="replace")
-        grammar = _prefixed(trigger.grammar, lead) if lead else trigger.grammar
-        self.constraint = Constraint(grammar, self.tokenizer, self.n_vocab)
-        self.begin = self.start + first
-        tail = [int(t) for t in answer[first:]]
-        n = self.constraint.validate(tail)
-        self.constraint.consume(tail[:n])
-        self.fed = tail[:n]
-        return self.begin + n
-
-
-def _prefixed(grammar: Grammar, lead: str) -> Grammar:
-    """A Lark ``grammar`` that first matches the literal text ``lead`` (what the token holding a
-    trigger's start has before it)."""
-    if grammar.kind != "lark" or not grammar.text.startswith("start:"):
-        raise ValueError("a trigger's grammar is a Lark grammar starting with its start rule")
-    body = grammar.text.replace("start:", "trigger_start:", 1)
-    return Grammar.lark(f"start: {json.dumps(lead)} trigger_start\n{body}")
+        constraint = Constraint(trigger.grammar, self.tokenizer, self.n_vocab)
+        if leftover:
+            tokens = self.tokenizer.tokenize_bytes(leftover)
+            if constraint.validate(tokens) < len(tokens):
+                return  # the answer has already left the grammar: it stays free
+            constraint.consume(tokens)
+            constraint.settle()  # not the context's tokens: never rolled back
+        self.constraint = constraint
+        self.begin = begin
+        self.fed = []
