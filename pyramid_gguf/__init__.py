@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .core.grammar import Grammar
 from .core.ladder import NGRAM, LadderPaths
 from .core.load import LoadConfig
 from .core.sampling import SamplingConfig
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NGRAM",
     "Completion",
+    "Grammar",
     "LadderPaths",
     "LoadConfig",
     "Pyramid",

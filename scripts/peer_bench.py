@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.bench.prompts import PROMPT_SETS, BenchPrompt, load_prompt_sets
+from pyramid_gguf.bench.prompts import TEXT_SETS, BenchPrompt, load_prompt_sets
 from pyramid_gguf.models.presets import DEFAULT_PRESET, resolve_preset
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "llama_peer.sh"
@@ -177,7 +177,7 @@ def main() -> None:
     ap.add_argument("--peer-home", type=Path, default=Path("~/.cache/llama-peer").expanduser())
     ap.add_argument("--tool", type=Path, default=TOOL, help="llama_peer.sh (for llama-bench)")
     ap.add_argument("--preset", default=DEFAULT_PRESET)
-    ap.add_argument("--sets", default=",".join(PROMPT_SETS))
+    ap.add_argument("--sets", default=",".join(TEXT_SETS))
     ap.add_argument("-n", "--max-tokens", type=int, default=160)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)

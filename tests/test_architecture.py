@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: Packages split into layers of their own (``decoding.runtime`` is one part, not ``decoding``).
 SPLIT = ("decoding",)
 #: Packages of one layer that must not import each other.
-APART = {("bench", "serving"), ("serving", "bench")}
+APART = {("bench", "serving"), ("serving", "bench"), ("grammar", "chat"), ("chat", "grammar")}
 
 
 def layer_of(part: str) -> int:

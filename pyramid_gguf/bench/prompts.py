@@ -4,7 +4,9 @@ Shipped sets (``data/prompts/<set>.json``): ``code`` (write a function), ``edit`
 returns the prompt's code with a change), ``chat``, ``qa``, ``summarize`` (a news article of
 500-600 words, then a request to summarize it) and ``rag`` (four retrieved passages, then a
 question whose answer quotes them). All are original text written for this project (the
-articles and passages are fictional) and ship under its MIT licence.
+articles and passages are fictional) and ship under its MIT licence. ``json``: structured
+output, each prompt with the JSON schema its answer must match (extraction, classification,
+nested records), decoded under that schema.
 """
 
 from __future__ import annotations
@@ -16,18 +18,29 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import UserError
+from ..core.grammar import Grammar
 
-PROMPT_SETS = ("code", "edit", "chat", "qa", "summarize", "rag")
+#: The free-text sets: what runs when no set is named.
+TEXT_SETS = ("code", "edit", "chat", "qa", "summarize", "rag")
+#: Every shipped set: the free-text ones and ``json`` (structured output).
+PROMPT_SETS = (*TEXT_SETS, "json")
 _DATA = Path(__file__).resolve().parent.parent / "data" / "prompts"
 
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    """One benchmark prompt: its set (``code``, ``edit``...), an id and the text."""
+    """One benchmark prompt: its set (``code``, ``edit``...), an id and the text; ``schema``
+    (JSON text): the answer is decoded under this JSON schema."""
 
     set: str
     id: str
     text: str
+    schema: str | None = None
+
+    @property
+    def grammar(self) -> Grammar | None:
+        """The grammar the answer is decoded under, if any."""
+        return None if self.schema is None else Grammar.json_schema(self.schema)
 
     @property
     def key(self) -> str:
@@ -44,15 +57,19 @@ def _prompts_from_json(data: Any, set_name: str, where: str) -> list[BenchPrompt
         if isinstance(item, str):
             out.append(BenchPrompt(set_name, str(i), item))
         elif isinstance(item, dict) and isinstance(item.get("text"), str):
-            out.append(BenchPrompt(set_name, str(item.get("id", i)), item["text"]))
+            schema = item.get("schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise UserError(f"{where}: prompt {i}'s schema is not a JSON object")
+            text = None if schema is None else json.dumps(schema)
+            out.append(BenchPrompt(set_name, str(item.get("id", i)), item["text"], text))
         else:
             raise UserError(f"{where}: prompt {i} is neither a string nor an object with 'text'")
     return out
 
 
 def load_prompt_sets(names: Sequence[str] | None = None) -> list[BenchPrompt]:
-    """The shipped prompt sets (:data:`PROMPT_SETS`), all by default."""
-    names = list(names) if names else list(PROMPT_SETS)
+    """Shipped prompt sets by name (:data:`PROMPT_SETS`); the free-text ones by default."""
+    names = list(names) if names else list(TEXT_SETS)
     unknown = [n for n in names if n not in PROMPT_SETS]
     if unknown:
         raise UserError(f"unknown prompt set {unknown[0]!r}; valid: {', '.join(PROMPT_SETS)}")

@@ -101,16 +101,18 @@ def run_bench(
         chat = pyramid.chat_template is not None
     encoded = {p.key: encode_prompt(pyramid, p, chat) for p in prompts}
     t0 = time.perf_counter()
+    constrained = {p.key: sampling.with_(grammar=p.grammar) for p in prompts}
     if warmup:
-        first = encoded[prompts[0].key]
+        first = prompts[0]
+        short = constrained[first.key].with_(max_tokens=min(8, sampling.max_tokens))
         for c in configs:
-            pyramid.generate(first, sampling.with_(max_tokens=min(8, sampling.max_tokens)), c.spec)
+            pyramid.generate(encoded[first.key], short, c.spec)
     samples: list[Sample] = []
     peak: dict[int, float] = {}
     for r in range(repeats):
         for p in prompts:
             for i, c in enumerate(configs):
-                done = pyramid.generate(encoded[p.key], sampling, c.spec)
+                done = pyramid.generate(encoded[p.key], constrained[p.key], c.spec)
                 samples.append(Sample(i, p.key, r, list(done.token_ids), done.stats))
                 peak[i] = peak_rss_mib()
                 if progress:

@@ -79,14 +79,15 @@ def prompt_options(f: Any) -> Any:
                 "prompt_sets",
                 default=None,
                 metavar="SETS",
-                help="Shipped prompt sets: code,edit,chat,qa,summarize,rag [default: all].",
+                help="Shipped prompt sets: code,edit,chat,qa,summarize,rag, and json (each "
+                "answer under its JSON schema) [default: all but json].",
             ),
             click.option(
                 "--prompt-file",
                 type=click.Path(dir_okay=False),
                 default=None,
-                help="Your prompts: JSON list (strings or {id,text}) or text separated by "
-                "blank lines. Replaces --prompts unless both are given.",
+                help="Your prompts: JSON list (strings or {id,text[,schema]}) or text separated "
+                "by blank lines. Replaces --prompts unless both are given.",
             ),
             click.option(
                 "--limit", type=int, default=None, help="Use at most this many prompts per set."

@@ -78,8 +78,9 @@ class Guide:
         self.fed: list[int] = []
         if grammar is not None:
             self.constraint = Constraint(grammar, tokenizer, n_vocab)
-        #: Tokens of the answer scanned for triggers so far.
+        #: Tokens of the answer scanned for triggers so far, and their bytes.
         self._scanned = 0
+        self._text = b""
         #: A lazy grammar took over the answer (its trigger appeared).
         self.triggered: Trigger | None = None
         #: Seconds spent here (masks, checks, forced tokens, trigger scans).
@@ -150,17 +151,21 @@ class Guide:
         answer = committed[self.start :]
         if len(answer) == self._scanned:
             return False
+        seen = len(self._text)
+        self._text += b"".join(self.piece(t) for t in answer[self._scanned :])
         self._scanned = len(answer)
-        text = b"".join(self.piece(t) for t in answer)
         for trigger in self.triggers:
-            end = self._find(text, trigger)
+            end = self._find(self._text, trigger, seen)
             if end is not None:
-                self._begin(len(committed), trigger, text[end:])
+                self._begin(len(committed), trigger, self._text[end:])
                 return True
         return False
 
-    def _find(self, text: bytes, trigger: Trigger) -> int | None:
-        """Byte offset of the end of ``trigger`` in the answer's ``text``, or None."""
+    @staticmethod
+    def _find(text: bytes, trigger: Trigger, seen: int) -> int | None:
+        """Byte offset of the end of ``trigger`` in the answer's ``text``, or None; a literal
+        trigger anywhere is only looked for where it could end after the first ``seen`` bytes
+        (the text grows token by token)."""
         lead = len(text) - len(text.lstrip()) if trigger.at_start else 0
         if trigger.regex:
             pattern = re.compile(trigger.text.encode("utf-8"))
@@ -169,7 +174,7 @@ class Guide:
         needle = trigger.text.encode("utf-8")
         if trigger.at_start:
             return lead + len(needle) if text[lead:].startswith(needle) else None
-        at = text.find(needle)
+        at = text.find(needle, max(seen - len(needle) + 1, 0))
         return at + len(needle) if at >= 0 else None
 
     def _begin(self, begin: int, trigger: Trigger, leftover: bytes) -> None:
