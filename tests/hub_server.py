@@ -21,11 +21,14 @@ class HubState:
 
     ``mode``: ``ok``; ``drop`` (every GET closes the connection halfway through the body);
     ``401`` / ``403`` (refuse); ``gated`` (401 with the hub's GatedRepo error code).
+    ``sent``: body bytes written by every GET so far (ranges honoured: ``bytes=a-`` and
+    ``bytes=a-b``).
     """
 
     files: dict[tuple[str, str], bytes] = field(default_factory=dict)
     mode: str = "ok"
     requests: list[str] = field(default_factory=list)
+    sent: int = 0
 
 
 def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
@@ -72,14 +75,16 @@ def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
             state.requests.append(f"GET {self.path} {self.headers.get('Range', '')}")
             if self._refuse() or (data := self._lookup()) is None:
                 return
-            start = 0
-            m = re.match(r"bytes=(\d+)-", self.headers.get("Range", ""))
+            start, stop = 0, len(data)
+            m = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
             if m:
                 start = int(m.group(1))
-            body = data[start:]
-            self._headers(data, 206 if start else 200, len(body))
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                stop = min(int(m.group(2)) + 1, len(data)) if m.group(2) else len(data)
+            body = data[start:stop]
+            ranged = m is not None and (start > 0 or stop < len(data))
+            self._headers(data, 206 if ranged else 200, len(body))
+            if ranged:
+                self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
             self.end_headers()
             if state.mode == "drop":
                 self.wfile.write(body[: max(1, len(body) // 2)])
@@ -87,6 +92,7 @@ def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             self.wfile.write(body)
+            state.sent += len(body)
 
     return Handler
 

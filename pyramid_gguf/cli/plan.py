@@ -1,24 +1,34 @@
-"""``pyramid-gguf plan``: how to spend a GPU memory budget on a ladder.
+"""``pyramid-gguf plan``: how to spend a GPU memory budget on a ladder, before or after download.
 
-Reads GGUF headers only (no model is loaded). By default it ranks every placement of the ladder
-(all tiers; no qualifier; the qualifier as the only draft; the draft on the CPU; the target
-alone) by the speed ``auto`` is predicted to reach with it (:mod:`pyramid_gguf.planning`), and
-shows the winner's memory table; ``--fit`` only fits every tier, the draft first. Sizes in MiB.
+Reads GGUF headers only (no model is loaded); a preset whose files are not here is planned from
+the tier shapes shipped in ``models.toml`` or its headers on the hub. ``--gpu`` / ``--cpu`` name
+the device profiles (``list`` shows the shipped ones). By default it ranks every placement of
+the ladder (all tiers; no qualifier; the qualifier as the only draft; the draft on the CPU; the
+target alone) by the speed ``auto`` is predicted to reach with it
+(:mod:`pyramid_gguf.planning`), and shows the winner's memory table; ``--fit`` only fits every
+tier, the draft first. Sizes in MiB.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from ..core.ladder import LadderPaths
+from ..core.errors import UserError
+from ..core.ladder import TIERS, LadderPaths
 from ..core.load import LoadConfig
+from ..models.presets import DEFAULT_PRESET
+from ..models.registry import get_preset
+from ..planning.devices import DEFAULT, catalogue, format_list
 from ..planning.memory import MiB, fmt_mib, parse_size
-from ..planning.plan import PlanInputs, plan_ladder
+from ..planning.plan import PlanInputs, plan_ladder, plan_preset
 from ..planning.rank import Ranking
-from ..planning.vram import KvQuant, Plan, fit_ladder, resolve_budget
+from ..planning.tiers import preset_memory
+from ..planning.vram import KvQuant, Plan, fit_ladder, make_plan, resolve_budget
 from .options import (
     batch_size_option,
     cache_type_k_option,
@@ -28,6 +38,8 @@ from .options import (
 )
 
 __all__ = ["format_plan", "format_ranking", "plan"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def format_plan(p: Plan) -> str:
@@ -103,10 +115,53 @@ def format_ranking(r: Ranking) -> str:
     return "\n".join(lines)
 
 
+def _listing(kind: str, as_json: bool) -> str:
+    if as_json:
+        rows = [
+            {
+                "slug": e.slug,
+                "name": e.full_name,
+                "class": e.cls,
+                "vram_bytes": e.vram_bytes,
+                "bandwidth_gbs": round(e.bandwidth / 1e9, 1),
+                "basis": e.basis,
+                "fit_error": e.fit_error,
+            }
+            for e in catalogue(kind).values()
+        ]
+        return json.dumps(rows, indent=2)
+    return format_list(kind)
+
+
+def _profile_option(kind: str, hint: str) -> Callable[[F], F]:
+    return click.option(
+        f"--{kind}",
+        f"--{kind}-profile",
+        f"{kind}_name",
+        metavar="NAME|FILE|list",
+        default=None,
+        help=f"{kind.upper()} to price on: a shipped profile ('list' shows them) or a profile "
+        f"file [default: yours (calibrate --device-profile), {hint}].",
+    )
+
+
 @command()
 @click.option("--draft", metavar="GGUF", default=None, help="Draft (smallest) model.")
 @click.option("--qualifier", metavar="GGUF", default=None, help="Qualifier (mid-size) model.")
-@click.option("--target", "-m", "target", metavar="GGUF", required=True, help="Target model.")
+@click.option("--target", "-m", "target", metavar="GGUF", default=None, help="Target model.")
+@click.option(
+    "--preset",
+    metavar="NAME",
+    default=None,
+    help="A ladder from models.toml, planned without its files (shipped shapes, else the hub) "
+    "[default without models: the default ladder].",
+)
+@click.option(
+    "--hub",
+    is_flag=True,
+    help="With --preset: read each missing file's header from the hub (a few MB) before the "
+    "shipped shape.",
+)
 @click.option(
     "--vram",
     metavar="SIZE|auto",
@@ -144,23 +199,15 @@ def format_ranking(r: Ranking) -> str:
     help="Acceptance traces (pyramid-gguf traces) [default: this ladder's, else the shipped ones].",
 )
 @click.option("--prompts", "sets", default=None, help="Only these prompt sets of the traces.")
-@click.option(
-    "--cpu-profile",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="CPU device profile (scripts/device_profile.py) [default: yours, else shipped].",
-)
-@click.option(
-    "--gpu-profile",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="GPU device profile [default: yours, else the H100's].",
-)
+@_profile_option("gpu", f"else the card llama.cpp reports, else {DEFAULT['gpu']}")
+@_profile_option("cpu", f"else {DEFAULT['cpu']}")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(
     draft: str | None,
     qualifier: str | None,
-    target: str,
+    target: str | None,
+    preset: str | None,
+    hub: bool,
     vram: str,
     n_ctx: int,
     n_batch: int,
@@ -171,36 +218,54 @@ def plan(
     fit: bool,
     traces_path: Path | None,
     sets: str | None,
-    cpu_profile: Path | None,
-    gpu_profile: Path | None,
+    gpu_name: str | None,
+    cpu_name: str | None,
     as_json: bool,
 ) -> None:
-    """Plan GPU offload for a ladder within a VRAM budget.
+    """Plan GPU offload for a ladder within a VRAM budget, before or after download.
 
     Ranks every placement (all tiers, no qualifier, the qualifier as the only draft, the draft
     on the CPU, the target alone) by the speed auto is predicted to reach, from acceptance
     traces and cost curves composed from device profiles, and shows the winner's layers per
-    tier. With --fit: every tier, the draft first, then the qualifier, then the target.
+    tier. --gpu list / --cpu list show the shipped profiles. With --fit: every tier, the draft
+    first, then the qualifier, then the target.
     """
+    for kind, name in (("gpu", gpu_name), ("cpu", cpu_name)):
+        if name is not None and name.strip().lower() == "list":
+            click.echo(_listing(kind, as_json))
+            return
+    if preset is not None and (target or qualifier or draft):
+        raise UserError("give either --preset or model paths (--target/--qualifier/--draft)")
+    if target is None and (qualifier or draft):
+        raise UserError("--target is required when --draft or --qualifier is given")
     load = LoadConfig(n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)  # type: ignore[arg-type]
-    paths = LadderPaths.of(target, qualifier, draft)
     budget = resolve_budget(vram)
     quant: KvQuant = "auto" if kv_quant == "auto" else "off"
     margin_bytes = None if margin is None else parse_size(margin)
+    paths = LadderPaths.of(target, qualifier, draft) if target else None
+    ladder = preset or DEFAULT_PRESET
     if fit:
-        result = fit_ladder(budget, paths, load, kv_quant=quant, margin_bytes=margin_bytes)
+        if paths is not None:
+            result = fit_ladder(budget, paths, load, kv_quant=quant, margin_bytes=margin_bytes)
+        else:
+            models = preset_memory(get_preset(ladder), hub=hub).models
+            order = [(t, models[t]) for t in TIERS if t in models]
+            result = make_plan(order, budget, load, kv_quant=quant, margin_bytes=margin_bytes)
         click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result))
         return
     inputs = PlanInputs(
         traces=traces_path,
         sets=tuple(s.strip() for s in (sets or "").split(",") if s.strip()),
-        cpu=cpu_profile,
-        gpu=gpu_profile,
+        cpu=cpu_name,
+        gpu=gpu_name,
         gpu_offload=True,
         kv_quant=quant,
         margin=margin_bytes,
     )
-    ranking = plan_ladder(paths, budget, load, inputs=inputs)
+    if paths is not None:
+        ranking = plan_ladder(paths, budget, load, inputs=inputs)
+    else:
+        ranking = plan_preset(ladder, budget, load, inputs=inputs, hub=hub)
     if as_json:
         click.echo(json.dumps(ranking.to_dict(), indent=2))
     else:

@@ -5,6 +5,8 @@ vocabulary); the planner only needs scalars, short numeric arrays and tensor sha
 reader walks the header once with :mod:`struct` and skips string arrays by their lengths.
 
 Sizes are in bytes. ``shape`` is ggml's ``ne`` order (innermost dimension first).
+:func:`parse_header` reads the same from the first bytes of a file held in memory (a header
+fetched by range requests); a prefix too short raises :class:`TruncatedHeader`.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import PurePath
 from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .errors import ModelFileError
-from .files import check_gguf_path
+from .files import GGUF_MAGIC, check_gguf_path
 
 _DEFAULT_ALIGNMENT = 32
 #: Numeric arrays longer than this are summarised by their length only.
@@ -30,6 +32,10 @@ _SCALAR = {
     0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d",
 }  # fmt: skip
 _STRING, _ARRAY = 8, 9
+
+
+class TruncatedHeader(ModelFileError):
+    """The bytes given end inside the header (read more of the file and parse again)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class TensorInfo:
 class GGUFHeader:
     """Everything before the tensor data: metadata, tensor infos and where the data starts."""
 
-    path: Path
+    path: PurePath
     version: int
     metadata: dict[str, Any]
     tensors: tuple[TensorInfo, ...]
@@ -82,7 +88,7 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
 
 
 class _Cursor:
-    def __init__(self, buf: mmap.mmap, path: Path) -> None:
+    def __init__(self, buf: mmap.mmap | bytes, path: PurePath) -> None:
         self.buf = buf
         self.pos = 0
         self.path = path
@@ -90,7 +96,7 @@ class _Cursor:
     def unpack(self, fmt: str) -> Any:
         size = struct.calcsize("<" + fmt)
         if self.pos + size > len(self.buf):
-            raise ModelFileError(f"truncated GGUF header: {self.path}")
+            raise TruncatedHeader(f"truncated GGUF header: {self.path}")
         (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += size
         return value
@@ -98,7 +104,7 @@ class _Cursor:
     def string(self) -> str:
         n = self.unpack("Q")
         if self.pos + n > len(self.buf):
-            raise ModelFileError(f"truncated GGUF header: {self.path}")
+            raise TruncatedHeader(f"truncated GGUF header: {self.path}")
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
@@ -108,7 +114,7 @@ class _Cursor:
         unpack = struct.Struct("<Q").unpack_from
         for _ in range(count):
             if pos + 8 > end:
-                raise ModelFileError(f"truncated GGUF header: {self.path}")
+                raise TruncatedHeader(f"truncated GGUF header: {self.path}")
             pos += 8 + unpack(buf, pos)[0]
         self.pos = pos
 
@@ -137,31 +143,43 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     p = check_gguf_path(path)
     file_size = p.stat().st_size
     with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        cur = _Cursor(buf, p)
-        cur.pos = 4
-        version = cur.unpack("I")
-        if version < 2:
-            raise ModelFileError(f"unsupported GGUF version {version}: {p}")
-        n_tensors = cur.unpack("Q")
-        n_kv = cur.unpack("Q")
-        metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = cur.string()
-            metadata[key] = cur.value(cur.unpack("I"))
-        raw: list[tuple[str, int, tuple[int, ...], int]] = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            n_dims = cur.unpack("I")
-            shape = tuple(cur.unpack("Q") for _ in range(n_dims))
-            ggml_type = cur.unpack("I")
-            offset = cur.unpack("Q")
-            raw.append((name, ggml_type, shape, offset))
-        alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
-        data_offset = (cur.pos + alignment - 1) // alignment * alignment
+        return parse_header(buf, p, file_size)
+
+
+def parse_header(buf: mmap.mmap | bytes, path: PurePath, file_size: int) -> GGUFHeader:
+    """Parse a GGUF header from ``buf``, the first bytes (at least the header) of a file of
+    ``file_size`` bytes named ``path``. Raises :class:`TruncatedHeader` when ``buf`` ends
+    inside the header, :class:`ModelFileError` when it is not a GGUF header or the file is too
+    short for its tensors."""
+    if bytes(buf[:4]) != GGUF_MAGIC:
+        if len(buf) < 4:
+            raise TruncatedHeader(f"truncated GGUF header: {path}")
+        raise ModelFileError(f"not a GGUF file (bad magic {bytes(buf[:4])!r}): {path}")
+    cur = _Cursor(buf, path)
+    cur.pos = 4
+    version = cur.unpack("I")
+    if version < 2:
+        raise ModelFileError(f"unsupported GGUF version {version}: {path}")
+    n_tensors = cur.unpack("Q")
+    n_kv = cur.unpack("Q")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.unpack("I"))
+    raw: list[tuple[str, int, tuple[int, ...], int]] = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        n_dims = cur.unpack("I")
+        shape = tuple(cur.unpack("Q") for _ in range(n_dims))
+        ggml_type = cur.unpack("I")
+        offset = cur.unpack("Q")
+        raw.append((name, ggml_type, shape, offset))
+    alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
+    data_offset = (cur.pos + alignment - 1) // alignment * alignment
     tensors = tuple(
         TensorInfo(name, t, shape, off, tensor_nbytes(t, shape)) for name, t, shape, off in raw
     )
     for t in tensors:
         if data_offset + t.offset + t.nbytes > file_size:
-            raise ModelFileError(f"truncated GGUF file (tensor {t.name} past the end): {p}")
-    return GGUFHeader(p, version, metadata, tensors, alignment, data_offset, file_size)
+            raise ModelFileError(f"truncated GGUF file (tensor {t.name} past the end): {path}")
+    return GGUFHeader(path, version, metadata, tensors, alignment, data_offset, file_size)

@@ -135,6 +135,14 @@ def hf_cached(tier: Tier) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
+def local_path(tier: Tier) -> Path | None:
+    """Where the tier's file is on disk, or None when it is not there yet."""
+    if tier.source == "hf":
+        return hf_cached(tier)
+    path = models_dir() / tier.file
+    return path if path.is_file() else None
+
+
 def _http_status(e: BaseException | None) -> int | None:
     """The HTTP status of ``e`` or of the error it wraps (the hub wraps some in cache errors)."""
     seen = 0
@@ -147,7 +155,7 @@ def _http_status(e: BaseException | None) -> int | None:
     return None
 
 
-def _hf_error(tier: Tier, e: Exception) -> UserError:
+def hub_error(tier: Tier, e: Exception) -> UserError:
     from huggingface_hub import constants
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -212,7 +220,7 @@ def fetch_hf(tier: Tier) -> Path:
         with _hub_bars(stderr_is_terminal()):
             path = Path(hf_hub_download(tier.repo, tier.file, revision=tier.revision))
     except Exception as e:  # the hub raises many types; all become one line
-        raise _hf_error(tier, e) from None
+        raise hub_error(tier, e) from None
     if tier.sha256:
         _say(f"verifying sha256 of {tier.file} ...")
         got = file_sha256(path)

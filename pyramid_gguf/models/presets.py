@@ -13,7 +13,7 @@ from ..core.load import default_threads
 from ..core.modes import mode_info
 from ..core.spec import KNOBS, SpecConfig
 from . import derive
-from .fetch import assemble_pypi, fetch_hf, hf_cached, models_dir
+from .fetch import assemble_pypi, fetch_hf, local_path, models_dir
 from .registry import Preset, Tier, get_preset, load_registry
 
 DEFAULT_PRESET = "qwen2.5-coder-demo"
@@ -31,14 +31,6 @@ class ResolvedLadder:
 def preset_names() -> list[str]:
     """Names of every known preset, sorted."""
     return sorted(load_registry())
-
-
-def local_path(tier: Tier) -> Path | None:
-    """Where the tier's file is on disk, or None when it is not there yet."""
-    if tier.source == "hf":
-        return hf_cached(tier)
-    path = models_dir() / tier.file
-    return path if path.is_file() else None
 
 
 def _ensure(preset: Preset, tier: Tier, *, fetch: bool, verify_cached: bool) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 from ..core.errors import UserError
 from ..core.ladder import TIERS, LadderShape
 from ..core.spec import KNOBS, SpecConfig
+from .shapes import TierShape, parse_shape
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,9 +27,9 @@ SOURCES = ("hf", "pypi", "derived")
 #: A preset may recommend any speculative knob (config.SPEC_KNOBS), under its own name.
 PRESET_KEYS = ("description", *KNOBS, *TIERS)
 TIER_KEYS: dict[str, tuple[str, ...]] = {
-    "hf": ("source", "repo", "file", "revision", "sha256", "size"),
-    "pypi": ("source", "packages", "member", "file", "sha256", "size"),
-    "derived": ("source", "from", "keep_layers", "quantize", "file"),
+    "hf": ("source", "repo", "file", "revision", "sha256", "size", "shape"),
+    "pypi": ("source", "packages", "member", "file", "sha256", "size", "shape"),
+    "derived": ("source", "from", "keep_layers", "quantize", "file", "shape"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "hf": ("repo", "file", "revision"),
@@ -39,7 +40,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Tier:
-    """One model of a ladder: where it comes from and how to check it."""
+    """One model of a ladder: where it comes from and how to check it; ``shape``: its memory
+    facts, for planning before the file is here (:mod:`.shapes`)."""
 
     preset: str
     name: str
@@ -54,6 +56,7 @@ class Tier:
     derived_from: str | None = None
     keep_layers: str | None = None
     quantize: str | None = None
+    shape: TierShape | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ def _parse_tier(preset: str, name: str, table: Any, where: str) -> Tier:
         derived_from=get("from"),
         keep_layers=get("keep_layers"),
         quantize=get("quantize"),
+        shape=parse_shape(table["shape"], f"{where}.shape") if "shape" in table else None,
     )
 
 

@@ -1,6 +1,6 @@
 """The one adapter over llama.cpp: the only package that imports ``llama_cpp``.
 
-- :mod:`.backend`: process-wide start-up, log sink, build / CPU facts, quantizing.
+- :mod:`.backend`: process-wide start-up, log sink, build / CPU / GPU facts, quantizing.
 - :mod:`.handles`: one owner per native object (model, context, batch).
 - :mod:`.buffers`: which buffer types hold the weights; repacking without the AMX kernels.
 - :mod:`.model`: :class:`NativeModel`, evaluation with exactly the logits rows asked for.
@@ -9,7 +9,15 @@
 - :mod:`.grammar`: llguidance's tokenizer built from a model's vocabulary.
 """
 
-from .backend import build_id, ftype_names, quantize, supports_gpu_offload, system_info
+from .backend import (
+    build_id,
+    devices,
+    ftype_names,
+    gpu_device,
+    quantize,
+    supports_gpu_offload,
+    system_info,
+)
 from .buffers import build_has_amx_kernels
 from .grammar import grammar_tokenizer
 from .model import EvalTimer, NativeModel
@@ -21,7 +29,9 @@ __all__ = [
     "Vocab",
     "build_has_amx_kernels",
     "build_id",
+    "devices",
     "ftype_names",
+    "gpu_device",
     "grammar_tokenizer",
     "quantize",
     "supports_gpu_offload",

@@ -89,6 +89,44 @@ def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+#: ggml's device types that are GPUs (``GGML_BACKEND_DEVICE_TYPE_GPU`` and ``_IGPU``).
+_GPU_TYPES = (1, 2)
+
+
+def devices() -> list[tuple[bool, str, int]]:
+    """Every device llama.cpp's backends report: ``(is a GPU, description, total memory in
+    bytes)``; a CUDA card's description is its name (``NVIDIA GeForce RTX 4060 Laptop GPU``).
+    Read through ggml's device registry (``ggml_backend_dev_*``), which llama-cpp-python does
+    not wrap; empty where the libraries do not export it."""
+    init_backend()
+    lib = llama_cpp.llama_cpp._lib
+    try:
+        count, get = lib.ggml_backend_dev_count, lib.ggml_backend_dev_get
+        kind, describe = lib.ggml_backend_dev_type, lib.ggml_backend_dev_description
+        memory = lib.ggml_backend_dev_memory
+    except AttributeError:
+        return []
+    count.restype, get.restype, get.argtypes = ctypes.c_size_t, ctypes.c_void_p, [ctypes.c_size_t]
+    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    describe.restype, describe.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    memory.restype, memory.argtypes = None, [ctypes.c_void_p, size_p, size_p]
+    out = []
+    for i in range(count()):
+        dev = get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(dev, ctypes.byref(free), ctypes.byref(total))
+        name = (describe(dev) or b"").decode("utf-8", "replace").strip()
+        out.append((kind(dev) in _GPU_TYPES, name, int(total.value)))
+    return out
+
+
+def gpu_device() -> tuple[str, int] | None:
+    """The first GPU of :func:`devices`: its name and total memory in bytes; None on a CPU
+    build."""
+    return next(((name, total) for gpu, name, total in devices() if gpu), None)
+
+
 def quantize(
     src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: int, *, threads: int
 ) -> None:

@@ -1,4 +1,5 @@
-"""Memory facts of one GGUF file, from its header alone: weights per block, KV cache, buffers.
+"""Memory facts of one GGUF file, from its header alone (or from the shape ``models.toml`` ships
+for it): weights per block, KV cache, buffers.
 
 All sizes are in **bytes** unless a name says otherwise. Compute-buffer estimate (per context
 on a device; llama.cpp's allocator reuses memory, so the largest single stage dominates)::
@@ -15,7 +16,7 @@ Measured on the CPU backend (Qwen2.5-Coder 0.5B/1.5B, n_ubatch 512) llama.cpp re
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..core.errors import ModelFileError, UserError
 from ..core.gguf_header import ArrayInfo, GGUFHeader, read_header
 from ..core.load import KV_TYPES
+from ..models.shapes import TierShape
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -145,9 +147,21 @@ def _per_layer(meta: dict[str, Any], key: str, n_layer: int, default: int) -> tu
     return (int(value),) * n_layer
 
 
-def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
-    """The :class:`ModelMemory` of a GGUF file (path or parsed header)."""
-    h = source if isinstance(source, GGUFHeader) else read_header(source)
+@dataclass(frozen=True)
+class _Hyper:
+    """The hyper-parameters a header's metadata gives (per block where they may vary)."""
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_ff: int
+    n_head_kv: tuple[int, ...]
+    key_length: int
+    value_length: int
+
+
+def _hyper(h: GGUFHeader) -> _Hyper:
     meta = h.metadata
     arch = str(meta.get("general.architecture", ""))
     if not arch:
@@ -167,7 +181,14 @@ def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
     n_kv = _per_layer(meta, f"{arch}.attention.head_count_kv", n_layer, n_head)
     k_len = int(meta.get(f"{arch}.attention.key_length", head_dim))
     v_len = int(meta.get(f"{arch}.attention.value_length", head_dim))
+    return _Hyper(arch, n_layer, n_embd, n_head, n_ff, n_kv, k_len, v_len)
 
+
+def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
+    """The :class:`ModelMemory` of a GGUF file (path or parsed header)."""
+    h = source if isinstance(source, GGUFHeader) else read_header(source)
+    hp = _hyper(h)
+    n_layer = hp.n_layer
     layers = [0] * n_layer
     head = embd = other = 0
     has_output = False
@@ -191,19 +212,19 @@ def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
         else:
             other += t.nbytes
     if not n_vocab:
-        tokens = meta.get("tokenizer.ggml.tokens")
+        tokens = h.metadata.get("tokenizer.ggml.tokens")
         n_vocab = tokens.length if isinstance(tokens, ArrayInfo) else len(tokens or [])
     tied = not has_output
     return ModelMemory(
         path=str(h.path),
-        arch=arch,
+        arch=hp.arch,
         n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_ff=n_ff,
+        n_embd=hp.n_embd,
+        n_head=hp.n_head,
+        n_ff=hp.n_ff,
         n_vocab=n_vocab,
-        n_embd_k=tuple(n * k_len for n in n_kv),
-        n_embd_v=tuple(n * v_len for n in n_kv),
+        n_embd_k=tuple(n * hp.key_length for n in hp.n_head_kv),
+        n_embd_v=tuple(n * hp.value_length for n in hp.n_head_kv),
         layer_bytes=tuple(layers),
         head_bytes=head + (embd if tied else 0),
         file_head_bytes=head,
@@ -211,6 +232,66 @@ def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
         other_bytes=other,
         tied_output=tied,
         tensor_bytes=h.tensor_bytes,
+    )
+
+
+def shape_of(h: GGUFHeader, source: str) -> TierShape:
+    """The :class:`~pyramid_gguf.models.shapes.TierShape` of a parsed header, as
+    ``models.toml`` ships it (``source``: where the header came from)."""
+    hp, mm = _hyper(h), model_memory(h)
+    return TierShape(
+        source=source,
+        arch=hp.arch,
+        n_layer=hp.n_layer,
+        n_embd=hp.n_embd,
+        n_head=hp.n_head,
+        n_head_kv=hp.n_head_kv,
+        key_length=hp.key_length,
+        value_length=hp.value_length,
+        n_ff=hp.n_ff,
+        n_vocab=mm.n_vocab,
+        tied=mm.tied_output,
+        layer_bytes=mm.layer_bytes,
+        head_bytes=mm.file_head_bytes,
+        embd_bytes=mm.embd_bytes,
+        other_bytes=mm.other_bytes,
+    )
+
+
+def shape_memory(shape: TierShape, label: str) -> ModelMemory:
+    """The :class:`ModelMemory` of a file known only by its shipped shape (``label`` stands
+    for its path in plans)."""
+    return ModelMemory(
+        path=label,
+        arch=shape.arch,
+        n_layer=shape.n_layer,
+        n_embd=shape.n_embd,
+        n_head=shape.n_head,
+        n_ff=shape.n_ff,
+        n_vocab=shape.n_vocab,
+        n_embd_k=tuple(n * shape.key_length for n in shape.n_head_kv),
+        n_embd_v=tuple(n * shape.value_length for n in shape.n_head_kv),
+        layer_bytes=shape.layer_bytes,
+        head_bytes=shape.head_bytes + (shape.embd_bytes if shape.tied else 0),
+        file_head_bytes=shape.head_bytes,
+        embd_bytes=shape.embd_bytes,
+        other_bytes=shape.other_bytes,
+        tied_output=shape.tied,
+        tensor_bytes=shape.tensor_bytes,
+    )
+
+
+def keep_blocks(mm: ModelMemory, blocks: list[int], label: str) -> ModelMemory:
+    """``mm`` with only ``blocks`` kept (a tier derived by ``keep_layers``), renumbered."""
+    kept = tuple(mm.layer_bytes[i] for i in blocks)
+    return replace(
+        mm,
+        path=label,
+        n_layer=len(blocks),
+        n_embd_k=tuple(mm.n_embd_k[i] for i in blocks),
+        n_embd_v=tuple(mm.n_embd_v[i] for i in blocks),
+        layer_bytes=kept,
+        tensor_bytes=mm.tensor_bytes - sum(mm.layer_bytes) + sum(kept),
     )
 
 

@@ -194,12 +194,20 @@ def rank(
 
 @dataclass(frozen=True)
 class Ranking:
-    """A ladder's placements in one budget, fastest first, with what predicted them."""
+    """A ladder's placements in one budget, fastest first, with what predicted them.
+
+    ``ladder``: its name; ``cpu_how`` / ``gpu_how``: how each profile was chosen, in words;
+    ``models``: where each tier's memory facts came from (a file, a shipped shape, the hub).
+    """
 
     predictions: tuple[Prediction, ...]
     traces: TraceSet
     cpu: DeviceProfile
     gpu: DeviceProfile | None
+    ladder: str = ""
+    cpu_how: str = ""
+    gpu_how: str = ""
+    models: tuple[str, ...] = ()
 
     @property
     def best(self) -> Prediction:
@@ -208,6 +216,7 @@ class Ranking:
     def to_dict(self) -> dict[str, Any]:
         return {
             "sources": self.sources(),
+            "profiles": {"cpu": self.cpu.name, "gpu": self.gpu.name if self.gpu else None},
             "placements": [p.to_dict() for p in self.predictions],
             "best": self.best.placement.name,
             "plan": self.best.placement.plan.to_dict(),
@@ -216,11 +225,24 @@ class Ranking:
     def sources(self) -> list[str]:
         """One line per source of the predictions (what they were predicted from)."""
         sets = ", ".join(self.traces.sets())
+        stand_in = ""
+        if self.ladder and self.traces.ladder != self.ladder:
+            stand_in = (
+                f"; standing in for {self.ladder}'s own, which are not recorded "
+                "(pyramid-gguf traces records them)"
+            )
         lines = [
             f"acceptance: auto replayed (greedy) over {len(self.traces.traces)} traces of "
-            f"{self.traces.ladder} ({sets}), recorded on {self.traces.machine or 'unknown'}",
-            f"CPU costs: profile {self.cpu.name} ({self.cpu.source})",
+            f"{self.traces.ladder} ({sets}), recorded on {self.traces.machine or 'unknown'}"
+            + stand_in,
+            _profile_line("CPU", self.cpu, self.cpu_how),
         ]
         if self.gpu is not None:
-            lines.append(f"GPU costs: profile {self.gpu.name} ({self.gpu.source})")
+            lines.append(_profile_line("GPU", self.gpu, self.gpu_how))
+        lines += [f"memory: {m}" for m in self.models]
         return lines
+
+
+def _profile_line(kind: str, profile: DeviceProfile, how: str) -> str:
+    line = f"{kind} costs: profile {profile.name} ({profile.source})"
+    return f"{line}; {how}" if how else line

@@ -107,6 +107,9 @@ stage tests $PY -m pytest -q -p no:cacheprovider tests/test_lossless.py tests/te
     tests/test_native.py tests/test_acceptance.py tests/test_sampling.py tests/test_calibrate.py
 stage costs $PY scripts/batch_cost.py "$L"-{1b,3b,8b}-q4_k_m.gguf "$Q"-{0.5b,1.5b,7b}-q4_k_m.gguf \
     --max 32 --every --repeats 5 --json
+# Composition (issue 35): measured -ngl splits of the 8B against CPU part + GPU part + transfer.
+stage splits-llama $PY scripts/gpu/splits.py --ladder llama --models-dir "$W/models" -t 8 \
+    --json "$R/splits-llama.json"
 stage plan-llama $PY scripts/gpu/check.py --ladder llama --models-dir "$W/models" --out "$R/plan-llama"
 stage lossless-llama $PY scripts/gpu/lossless.py "$L"-{1b,3b,8b}-q4_k_m.gguf --json "$R/lossless-llama.json"
 stage bench-llama $PY -m pyramid_gguf bench "${LLAMA[@]}" -m "$L-8b-q4_k_m.gguf" "${BENCH[@]}" \
