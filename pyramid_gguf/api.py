@@ -353,10 +353,12 @@ class Pyramid:
         yield Response(text.flush(), [], stats.finish_reason or "length", stats)
 
     def _logprob(self, token: int, row: np.ndarray, top: int) -> TokenLogprob:
-        """``token``'s log-probability under the target's ``row`` ``[V]``, and ``top`` others."""
+        """``token``'s log-probability under the target's ``row`` ``[V]``, and ``top`` others
+        (under a grammar: the row masked to the allowed tokens, and only those)."""
         lp = log_softmax(row)
         vocab = self.ladder.target.vocab
-        alts = tuple((int(i), vocab.token_bytes(int(i)), float(lp[i])) for i in top_ids(lp, top))
+        ids = [int(i) for i in top_ids(lp, top) if np.isfinite(lp[i])]
+        alts = tuple((i, vocab.token_bytes(i), float(lp[i])) for i in ids)
         return TokenLogprob(token, vocab.token_bytes(token), float(lp[token]), alts)
 
     def generate(

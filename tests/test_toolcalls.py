@@ -382,16 +382,23 @@ def test_hermes_auto_is_lazy_from_the_opening_tag(tokenizer: LLTokenizer) -> Non
     assert accepts(tokenizer, trigger.grammar, rest + "\n", special)
     assert not accepts(tokenizer, trigger.grammar, rest + "\nDone.", special)
     assert not accepts(tokenizer, trigger.grammar, rest.replace('"add"', '"sub"'), special)
-    # A call object at the start of an answer, bare or fenced (as Qwen2.5 models answer), is
-    # a call too: one trigger of each kind per tool, the arguments constrained after the name.
-    assert len(bare) == 2 * len(request("auto").callable) and all(t.at_start for t in bare)
-    fenced, plain = bare[2], bare[3]  # the two of "add"
+    # A call object at the start of an answer, bare or fenced, its braces maybe doubled (as
+    # Qwen2.5 models answer), is a call too: four triggers per tool, the arguments constrained
+    # after the name.
+    assert len(bare) == 4 * len(request("auto").callable) and all(t.at_start for t in bare)
+    fenced, plain, fenced2, plain2 = bare[4:8]  # those of "add"
     answer = '```json\n{\n  "name": "add",\n  "arguments": {"a": 1, "b": 2}\n}\n```'
     head = re.match(fenced.text, answer)
     assert head is not None and re.match(plain.text, answer[8:]) is not None
     assert accepts(tokenizer, fenced.grammar, answer[head.end() :], special)
     assert not accepts(tokenizer, fenced.grammar, ', "arguments": {"a": "x"}}\n```', special)
     assert accepts(tokenizer, plain.grammar, ',\n "arguments": {"a": 1, "b": 2}}', special)
+    doubled = '{{"name": "add", "arguments": {"a": 1, "b": 2}}}'
+    head = re.match(plain2.text, doubled)
+    assert head is not None and re.match(plain.text, doubled) is None
+    assert accepts(tokenizer, plain2.grammar, doubled[head.end() :], special)
+    assert fenced2.text.startswith(fenced.text[: fenced.text.index("\\{")])
+    assert HERMES.parse(doubled).calls[0].arguments == '{"a":1,"b":2}'
     assert constraint(HERMES, request("none"), special) is None
 
 

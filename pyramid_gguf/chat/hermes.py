@@ -62,9 +62,14 @@ class HermesFormat:
         out = [Trigger(OPEN, grammar=grammar(_calls(parallel, special), _rules(tools, special)))]
         for tool in tools:
             head = r'\{\s*"name"\s*:\s*"' + re.escape(tool.name) + '"'
-            fenced = grammar('call WS? "```"', _rest(tool))
-            out.append(Trigger(FENCE.pattern + head, fenced, at_start=True, regex=True))
-            out.append(Trigger(head, grammar("call", _rest(tool)), at_start=True, regex=True))
+            rest = _rest(tool)
+            for opening, close in (("", ""), ("\\{", ' WS? "}"')):  # {"name"...} or {{...}}
+                fenced = grammar(f'call{close} WS? "```"', rest)
+                plain = grammar(f"call{close}", rest)
+                out.append(
+                    Trigger(FENCE.pattern + opening + head, fenced, at_start=True, regex=True)
+                )
+                out.append(Trigger(opening + head, plain, at_start=True, regex=True))
         return tuple(out)
 
 
@@ -121,13 +126,16 @@ def _parse(text: str, ids: CallIds, *, final: bool) -> Message:
 
 
 def _bare(text: str, ids: CallIds, *, final: bool) -> Message | None:
-    """An answer that is one call object, bare or in a ```` ```json ```` fence, read as that
-    call; None when it is not one. While streaming, an answer that starts like a fence or an
-    object is held back until it is a call or has ended (then it is text, sent at the end)."""
+    """An answer that is one call object (its braces maybe doubled), bare or in a ```` ```json
+    ```` fence, read as that call; None when it is not one. While streaming, an answer that starts
+    like a fence or an object is held back until it is a call or has ended (then it is text,
+    sent at the end)."""
     lead = skip_space(text, 0)
     start = text[lead:]
     fence = FENCE.match(text, lead)
     body = fence.end() if fence is not None else lead
+    doubled = text.startswith("{{", body)  # {{"name": ...}}, as Qwen2.5 sometimes writes
+    body += doubled
     if not final:
         if not start.startswith(("{", "```")) and not "```".startswith(start):
             return None
@@ -137,6 +145,10 @@ def _bare(text: str, ids: CallIds, *, final: bool) -> Message | None:
     if found is None:
         return None
     end = skip_space(text, found[2])
+    if doubled:
+        if not text.startswith("}", end):
+            return None
+        end = skip_space(text, end + 1)
     if fence is not None:
         if not text.startswith("```", end):
             return None

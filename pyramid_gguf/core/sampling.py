@@ -63,6 +63,8 @@ class SamplingConfig:
             raise UserError("stop strings must not be empty")
         if self.grammar is not None and self.triggers:
             raise UserError("an answer has one grammar: a whole-answer one or lazy triggers")
+        if self.ignore_eos and (self.grammar is not None or self.triggers):
+            raise UserError("ignore_eos cannot go with a grammar: the grammar ends the answer")
 
     def with_(self, **changes: object) -> SamplingConfig:
         """A copy with some fields replaced (validated again)."""

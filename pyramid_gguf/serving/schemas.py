@@ -140,7 +140,13 @@ class GenerationRequest(BaseModel):
     def grammar_config(self) -> Grammar | None:
         """The grammar the answer must match, from ``response_format``, ``json_schema`` or
         ``grammar`` (at most one), checked: a 400 naming the field and the problem."""
-        given = [k for k in ("response_format", "json_schema", "grammar") if getattr(self, k)]
+        fmt = self.response_format
+        plain = fmt is not None and fmt.get("type") == "text"  # constrains nothing
+        given = [
+            k
+            for k in ("response_format", "json_schema", "grammar")
+            if getattr(self, k) is not None and not (k == "response_format" and plain)
+        ]
         if len(given) > 1:
             raise ApiError(400, f"send one of {' and '.join(given)}", param=given[1])
         try:
@@ -268,7 +274,8 @@ class ChatCompletionRequest(GenerationRequest):
         try:
             return parse_tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
         except UserError as e:
-            param = "tool_choice" if "tool_choice" in str(e) else "tools"
+            where = ("parallel_tool_calls", "tool_choice")
+            param = next((k for k in where if k in str(e)), "tools")
             raise ApiError(400, str(e), param=param) from None
 
     def top_logprobs(self) -> int | None:

@@ -105,7 +105,14 @@ class Guide:
         if not self._goto(context):
             return None
         assert self.constraint is not None
-        return self.constraint.masks(tokens)
+        masks = self.constraint.masks(tokens)
+        # A row after an end-of-generation token allows nothing; nothing after it is ever
+        # committed, but its row must stay a distribution: let it end again.
+        empty = ~masks.any(axis=-1)
+        if empty.any():
+            ends = np.array([e for e in self.constraint.eos if e < masks.shape[-1]], dtype=np.int64)
+            masks[np.ix_(np.flatnonzero(empty), ends)] = True
+        return masks
 
     @_timed
     def valid(self, context: Sequence[int], tokens: Sequence[int]) -> int:

@@ -139,6 +139,8 @@ class QualifiedProposer:
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Block:
         want = min(self.block_len, max_tokens)
+        if want <= 0:
+            return Block([], None, None)
         tokens: list[int] = []
         ps: list[np.ndarray] = []
         zs: list[np.ndarray] = []
