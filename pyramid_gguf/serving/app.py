@@ -150,11 +150,7 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
-        body.check_supported()
         sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
-        grammar = body.grammar_config()
-        if grammar is not None:
-            sampling = sampling.with_(grammar=grammar)
         prompt: Prompt = body.prompt  # type: ignore[assignment]
         if not isinstance(prompt, str):
             _check_token_ids(prompt, pyramid.ladder.target.n_vocab)
@@ -171,21 +167,15 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
-        body.check_supported()
         sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
-        grammar = body.grammar_config()
-        if grammar is not None:
-            sampling = sampling.with_(grammar=grammar)
         plan = chat_sampling(pyramid, sampling, body.tool_request(), settings.chat_template)
         messages = [m.as_dict() for m in body.messages]
-        tools = plan.tools.tools if plan.tools is not None else None
         top = body.top_logprobs()
-        special = plan.calls is not None
 
         def work(cancel: threading.Event) -> Iterator[Response]:
-            tokens = pyramid.chat_tokens(messages, settings.chat_template, tools=tools)
+            tokens = pyramid.chat_tokens(messages, settings.chat_template, tools=plan.rendered)
             return pyramid.stream(
-                tokens, plan.sampling, spec, cancel=cancel, logprobs=top, special=special
+                tokens, plan.sampling, spec, cancel=cancel, logprobs=top, special=plan.special
             )
 
         shape = ResponseShape(

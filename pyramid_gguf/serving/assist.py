@@ -14,7 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..api import Pyramid
-from ..chat import CallIds, Delta, Message, ToolCallFormat, ToolRequest, constraint, diff
+from ..chat import (
+    CallIds,
+    Delta,
+    Message,
+    Tool,
+    ToolCallFormat,
+    ToolRequest,
+    constraint,
+    diff,
+)
 from ..core.errors import UserError
 from ..core.sampling import SamplingConfig
 
@@ -27,6 +36,16 @@ class ChatPlan:
     sampling: SamplingConfig
     tools: ToolRequest | None = None
     calls: ToolCallFormat | None = None
+
+    @property
+    def rendered(self) -> tuple[Tool, ...] | None:
+        """The tools the prompt shows the model (None: none)."""
+        return None if self.tools is None else self.tools.tools
+
+    @property
+    def special(self) -> bool:
+        """The answer's text renders control tokens, as the call parser reads them."""
+        return self.calls is not None
 
 
 def chat_sampling(

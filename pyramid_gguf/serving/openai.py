@@ -254,21 +254,16 @@ def create_chat_completion(
     }
     try:
         request = ChatCompletionRequest.model_validate(fields)
-        request.check_supported()
-        grammar = request.grammar_config()
+        sampling = request.sampling(sampling or SamplingConfig())
         offered = request.tool_request()
         turns = [m.as_dict() for m in request.messages]
     except ApiError as e:
         raise UserError(e.message) from None
     except ValidationError as e:
         raise UserError(validation_error(RequestValidationError(e.errors())).message) from None
-    sampling = sampling or SamplingConfig()
-    if grammar is not None:
-        sampling = sampling.with_(grammar=grammar)
     plan = chat_sampling(pyramid, sampling, offered, chat_template)
-    rendered = plan.tools.tools if plan.tools is not None else None
-    tokens = pyramid.chat_tokens(turns, chat_template, tools=rendered)
-    c = pyramid.generate(tokens, plan.sampling, spec, special=plan.calls is not None)
+    tokens = pyramid.chat_tokens(turns, chat_template, tools=plan.rendered)
+    c = pyramid.generate(tokens, plan.sampling, spec, special=plan.special)
     message = plan.calls.parse(c.text) if plan.calls is not None else None
     shape = ResponseShape(chat=True, model=pyramid.name)
     return shape.full(c.text, c.finish_reason, c.stats, message=message)

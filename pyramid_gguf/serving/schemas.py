@@ -112,7 +112,9 @@ class GenerationRequest(BaseModel):
         return None
 
     def sampling(self, base: SamplingConfig) -> SamplingConfig:
-        """``base`` with the fields this request sets (UserError on bad values)."""
+        """``base`` with the fields this request sets, its grammar included (UserError on bad
+        values; a 400 for a field we do not honour, or a grammar that does not check)."""
+        self.check_supported()
         changes: dict[str, object] = {
             k: v
             for k, v in (
@@ -128,6 +130,9 @@ class GenerationRequest(BaseModel):
         }
         if self.stop is not None:
             changes["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        grammar = self.grammar_config()
+        if grammar is not None:
+            changes["grammar"] = grammar
         return base.with_(**changes) if changes else base
 
     def check_supported(self) -> None:

@@ -17,7 +17,6 @@ import numpy as np
 from ...core.errors import ContextOverflow, UserError
 from ...core.sampling import SamplingConfig
 from ...core.spec import SpecConfig
-from ...grammar.masking import mask_logits
 from ...native import grammar_tokenizer
 from ..pricing.costs import CostCurve
 from .guide import Guide
@@ -181,8 +180,7 @@ class Generation:
         self.stats.prompt_evaluated = prefilled
         self._t_gen = time.perf_counter()
         if self.guide is not None:
-            allowed = self.guide.allowed(self.prompt)
-            row = row if allowed is None else mask_logits(row, allowed)
+            row = self.guide.mask(self.prompt, row)
         if self.rows is not None:  # the target's row of every committed token, in order
             self.rounds.runner.keep_rows = True
             self.rows.append(row)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ...core.grammar import Grammar, Trigger
 from ...grammar import Constraint
+from ...grammar.masking import mask_logits
 from .tiers import common_prefix
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,10 +94,16 @@ class Guide:
 
     # --- reading, at any context that extends the committed tokens ------------------------
 
-    def allowed(self, context: Sequence[int]) -> np.ndarray | None:
-        """Bool ``[V]``: the tokens allowed after ``context``, or None (anything)."""
-        masks = self.masks(context, ())
-        return None if masks is None else masks[0]
+    def mask(
+        self, context: Sequence[int], logits: np.ndarray, tokens: Sequence[int] = ()
+    ) -> np.ndarray:
+        """``logits`` under the grammar: the row ``[V]`` after ``context``, or the rows
+        ``[k + 1, V]`` after it and after each prefix of ``tokens`` (a valid block), with every
+        token the grammar refuses at ``-inf``; unchanged where the grammar is not active."""
+        masks = self.masks(context, tokens)
+        if masks is None:
+            return logits
+        return mask_logits(logits, masks[0] if logits.ndim == 1 else masks)
 
     @_timed
     def masks(self, context: Sequence[int], tokens: Sequence[int]) -> np.ndarray | None:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ...grammar.masking import mask_logits
 from ..pricing.chains import StageRule
 from .guide import Guide
 from .protocol import Block, Proposer
@@ -100,10 +99,7 @@ class DraftProposer:
         """The draft's row ``[V]`` after ``context + drafted``, masked by the grammar: the
         draft proposes from its own distribution under the grammar, so its block is valid and
         its ``q`` is what the verification's rule must see."""
-        if self.guide is None:
-            return z
-        allowed = self.guide.allowed([*context, *drafted])
-        return z if allowed is None else mask_logits(z, allowed)
+        return z if self.guide is None else self.guide.mask([*context, *drafted], z)
 
     def sync(self, committed: Sequence[int]) -> None:
         self.tier.sync(committed)

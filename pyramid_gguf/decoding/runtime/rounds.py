@@ -16,7 +16,6 @@ from typing import Protocol
 import numpy as np
 
 from ...core.spec import SpecConfig
-from ...grammar.masking import mask_logits
 from ..pricing.chains import NGRAM_TIER, Chain, Stage, mode_chain
 from .guide import Guide
 from .ngram import NGramPool, NGramProposer
@@ -69,8 +68,7 @@ class Runner:
         """Plain decoding: one target evaluation, one token (under the grammar, if any)."""
         row = self.target.score(committed, [])[0]
         if self.guide is not None:
-            allowed = self.guide.allowed(committed)
-            row = row if allowed is None else mask_logits(row, allowed)
+            row = self.guide.mask(committed, row)
         if self.keep_rows:
             self._rows.append(row)
         return [self.sampler.pick(row)]

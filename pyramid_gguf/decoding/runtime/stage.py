@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...grammar.masking import mask_logits
 from ..pricing.chains import StageRule
 from . import acceptance
 from .guide import Guide
@@ -62,9 +61,7 @@ def verify(
         forced = min(forced, len(block))
     z = verifier.score(context, block.tokens)  # [k + 1, V]
     if guide is not None:
-        masks = guide.masks(context, block.tokens)
-        if masks is not None:
-            z = mask_logits(z, masks)
+        z = guide.mask(context, z, block.tokens)
     tokens = np.asarray(block.tokens, dtype=np.int64)
     if sampler.greedy and rule.kind != "fuzzy":  # every lossless rule is token matching
         outcome = acceptance.greedy(tokens, z)
