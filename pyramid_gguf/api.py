@@ -36,6 +36,7 @@ from .decoding.runtime.calibrate import Calibration, calibrate
 from .decoding.runtime.engine import decode, make_guide, make_rounds
 from .decoding.runtime.ngram import NGramPool
 from .decoding.runtime.sampling import Sampler, log_softmax, top_ids
+from .decoding.runtime.slots import SlotPool
 from .decoding.runtime.stats import GenerationStats
 from .decoding.runtime.tiers import Ladder, load_ladder
 from .grammar import check_grammar
@@ -83,9 +84,12 @@ class Completion:
 class Pyramid:
     """A loaded ladder (target, optional qualifier, optional draft or the n-gram drafter).
 
-    Generation is serialised: one request at a time holds the models (a lock), so one object
-    can be shared by threads (the server queues in front of it). ``share_ngrams``: the n-gram
-    drafter also searches this object's earlier generations (the server turns it on).
+    It holds ``LoadConfig.parallel`` slots (:class:`~.decoding.runtime.slots.SlotPool`): that
+    many threads may each :meth:`stream` at once, their model calls evaluated together in one
+    batch per tier; more wait for a free slot. A stream holds its slot until it ends, and the
+    others' batches wait for it between the tokens it yields: read it promptly (or close it).
+    ``share_ngrams``: the n-gram drafter also searches this object's earlier generations (the
+    server turns it on).
     """
 
     def __init__(
@@ -101,8 +105,9 @@ class Pyramid:
         self.spec = spec
         self.name = name
         self.pool = NGramPool() if share_ngrams else None
+        self.slots = SlotPool(ladder)
         self._calibration: dict[str, Calibration] | None = None
-        self._lock = threading.Lock()
+        self._calibrating = threading.Lock()
 
     # --- construction ----------------------------------------------------------------------
 
@@ -184,14 +189,18 @@ class Pyramid:
         self, *, refresh: bool = False, say: Callable[[str], None] | None = None
     ) -> dict[str, Calibration]:
         """Each tier's batch cost curve (and, with ``strict_identity``, the target's identity
-        probe), measured once per machine and cached; ``refresh`` measures again."""
-        with self._lock:
-            return self._calibrate(refresh, say)
+        probe), measured once per machine and cached; ``refresh`` measures again (once every
+        slot is free: it evaluates on the models' contexts)."""
+        return self._calibrate(refresh, say)
 
     def _calibrate(
         self, refresh: bool, say: Callable[[str], None] | None
     ) -> dict[str, Calibration]:
-        if self._calibration is None or refresh:
+        if self._calibration is not None and not refresh:
+            return self._calibration
+        with self._calibrating, self.slots.exclusive():
+            if self._calibration is not None and not refresh:
+                return self._calibration
             out = {}
             for tier in self.ladder.models:
                 strict = tier is self.ladder.target and tier.model.cfg.strict_identity
@@ -203,8 +212,7 @@ class Pyramid:
 
     def costs(self) -> dict[str, CostCurve]:
         """The cost curve of each tier as ``auto`` prices it (strict micro-batches included)."""
-        with self._lock:
-            return self._costs()
+        return self._costs()
 
     def _costs(self) -> dict[str, CostCurve]:
         cal = self._calibrate(False, None)
@@ -316,40 +324,48 @@ class Pyramid:
         stats = GenerationStats(mode=spec.mode)
         text = TextStream(sampling.stop)
         vocab = self.ladder.target.vocab
-        strict = self.ladder.target.model.cfg.strict_identity
+        costs = self._costs() if spec.info.auto else None
+        if self.ladder.target.model.cfg.strict_identity:
+            self._calibrate(False, None)  # the identity probe sets the target's micro-batch
+        slot = self.slots.acquire(tokens, cancel)
+        if slot is None:  # cancelled while waiting for a slot
+            yield Response("", [], "cancelled", stats)
+            return
         generated: list[int] = []
-        with self._lock:
-            sampler = Sampler(sampling)
-            costs = self._costs() if spec.info.auto else None
-            guide = make_guide(self.ladder, sampling, len(tokens))
-            rounds, prefill = make_rounds(  # a fixed mode's tiers are checked here, once
-                self.ladder, spec, sampler, stats, costs=costs, pool=self.pool, guide=guide
-            )
-            if strict:
-                self._calibrate(False, None)  # the identity probe sets the target's micro-batch
-            rows: list[np.ndarray] | None = [] if logprobs is not None else None
-            steps = decode(self.ladder, tokens, rounds, prefill, sampler, stats, rows, guide)
-            try:
-                for token in steps:
-                    lp: tuple[TokenLogprob, ...] = ()
-                    if rows is not None and logprobs is not None:
-                        lp = (self._logprob(token, rows[len(generated)], logprobs),)
-                        rows[len(generated)] = _DROPPED  # rows are large: keep none
-                    generated.append(token)
-                    delta = text.feed(vocab.token_bytes(token, special=special))
-                    if text.stopped:
-                        stats.finish_reason = "stop"
-                        if delta:
-                            yield Response(delta, [token], None, stats, lp)
-                        break
-                    yield Response(delta, [token], None, stats, lp)
-                    if cancel is not None and cancel.is_set():
-                        stats.finish_reason = "cancelled"
-                        break
-            finally:
-                steps.close()
-                if self.pool is not None:
-                    self.pool.add([*tokens, *generated])
+        try:
+            with self.slots.running(slot):
+                ladder = slot.ladder
+                sampler = Sampler(sampling)
+                guide = make_guide(ladder, sampling, len(tokens))
+                rounds, prefill = make_rounds(  # a fixed mode's tiers are checked here, once
+                    ladder, spec, sampler, stats, costs=costs, pool=self.pool, guide=guide,
+                    load=slot,
+                )  # fmt: skip
+                rows: list[np.ndarray] | None = [] if logprobs is not None else None
+                steps = decode(ladder, tokens, rounds, prefill, sampler, stats, rows, guide)
+                try:
+                    for token in steps:
+                        lp: tuple[TokenLogprob, ...] = ()
+                        if rows is not None and logprobs is not None:
+                            lp = (self._logprob(token, rows[len(generated)], logprobs),)
+                            rows[len(generated)] = _DROPPED  # rows are large: keep none
+                        generated.append(token)
+                        delta = text.feed(vocab.token_bytes(token, special=special))
+                        if text.stopped:
+                            stats.finish_reason = "stop"
+                            if delta:
+                                yield Response(delta, [token], None, stats, lp)
+                            break
+                        yield Response(delta, [token], None, stats, lp)
+                        if cancel is not None and cancel.is_set():
+                            stats.finish_reason = "cancelled"
+                            break
+                finally:
+                    steps.close()
+        finally:
+            self.slots.release(slot)
+            if self.pool is not None:
+                self.pool.add([*tokens, *generated])
         yield Response(text.flush(), [], stats.finish_reason or "length", stats)
 
     def _logprob(self, token: int, row: np.ndarray, top: int) -> TokenLogprob:

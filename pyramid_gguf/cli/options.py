@@ -331,6 +331,7 @@ def load_config_from(params: dict[str, Any]) -> LoadConfig:
         type_k=params["type_k"],
         type_v=params["type_v"],
         strict_identity=bool(params.get("strict_identity")),
+        parallel=params.get("parallel") or 1,
     )
 
 

@@ -15,6 +15,7 @@ import click
 
 from ..api import Pyramid
 from ..core.errors import UserError
+from ..core.load import MAX_PARALLEL
 from ..serving.settings import ServerSettings, resolve_chat_format
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options, spec_config_from, spec_options
@@ -40,11 +41,20 @@ __all__ = ["serve"]
     help="Require 'Authorization: Bearer KEY' on /v1 (env PYRAMID_GGUF_API_KEY).",
 )
 @click.option(
+    "--parallel",
+    "-np",
+    type=click.IntRange(1, MAX_PARALLEL),
+    default=1,
+    show_default=True,
+    help="Requests decoded at once, batched together (each slot gets --ctx-size tokens of "
+    "KV cache).",
+)
+@click.option(
     "--queue-size",
     type=int,
     default=16,
     show_default=True,
-    help="Requests admitted at once (the running one included); more get 503.",
+    help="Requests admitted at once (the running ones included); more get 503.",
 )
 @click.option(
     "--chat-format",
@@ -68,17 +78,24 @@ __all__ = ["serve"]
     help="uvicorn log level.",
 )
 def serve(**params: Any) -> None:
-    """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health.
+    """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health,
+    /metrics.
 
-    One engine answers requests one at a time from a bounded queue; responses carry usage and
-    llama-server style timings with per-stage draft statistics. Ctrl-C cancels the requests in
-    flight (they get a 503) and stops.
+    One engine answers up to --parallel requests at once from a bounded queue, every slot's
+    tokens in one batch per model (auto prices each slot's speculation against that batch);
+    responses carry usage and llama-server style timings with per-stage draft statistics.
+    Ctrl-C cancels the requests in flight (they get a 503) and stops.
 
     Greedy answers may change once the server has answered similar requests: the prompt cache
     and the shared n-gram pool change how a prompt is evaluated and which blocks are verified,
     which moves floating-point near-ties (as llama-server's prompt cache does).
     --strict-identity makes greedy output match plain target decoding exactly.
     """
+    if params["queue_size"] < params["parallel"]:
+        raise UserError(
+            f"--queue-size ({params['queue_size']}) must be at least --parallel "
+            f"({params['parallel']}): the running requests count against it"
+        )
     settings = ServerSettings(
         api_key=params["api_key"],
         queue_size=params["queue_size"],

@@ -30,6 +30,9 @@ def default_threads() -> int:
 
 #: ggml's thread pool holds at most this many threads (GGML_MAX_N_THREADS); more crash it.
 GGML_MAX_THREADS = 512
+#: Most sequences one context holds (llama.cpp's LLAMA_MAX_SEQ is 256; past a few dozen a
+#: CPU gains nothing and every slot's cache is allocated up front).
+MAX_PARALLEL = 64
 #: Smallest context llama.cpp creates: it pads ``n_ctx`` up to a multiple of 256 cells.
 MIN_CTX = 256
 
@@ -85,6 +88,12 @@ class LoadConfig:
     #: output head plus the logits of one micro-batch). The planner turns it off for a tier
     #: whose buffer does not fit the budget. No effect on a CPU-only build.
     op_offload: bool = True
+    #: Sequences each context holds (``serve --parallel``): every slot gets ``n_ctx`` cells of
+    #: one KV cache of ``n_ctx * parallel`` (Ollama's ``OLLAMA_NUM_PARALLEL``; llama-server's
+    #: ``-np`` splits ``-c`` instead). The cache is unified (any slot may use any cell, so one
+    #: batch of every slot is one micro-batch), except with ``strict_identity``: there each
+    #: sequence has its own stream, laid out as if it ran alone.
+    parallel: int = 1
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
     #: Test hook: the AMX placement (extra types off, CPU_REPACK by overrides) on any CPU.
@@ -98,6 +107,8 @@ class LoadConfig:
             )
         if self.n_batch < 1:
             raise UserError(f"--batch-size must be positive, got {self.n_batch}")
+        if not 1 <= self.parallel <= MAX_PARALLEL:
+            raise UserError(f"--parallel must be 1 to {MAX_PARALLEL}, got {self.parallel}")
         for n in (self.n_threads, self.n_threads_batch):
             check_threads(n)
         if self.n_gpu_layers < -1:

@@ -20,12 +20,13 @@ from .backend import (
 )
 from .buffers import build_has_amx_kernels
 from .grammar import grammar_tokenizer
-from .model import EvalTimer, NativeModel
+from .model import EvalTimer, NativeModel, Part
 from .vocab import Vocab
 
 __all__ = [
     "EvalTimer",
     "NativeModel",
+    "Part",
     "Vocab",
     "build_has_amx_kernels",
     "build_id",

@@ -28,6 +28,7 @@ def grammar_tokenizer(model: NativeModel) -> llguidance.LLTokenizer:
     ``<|endoftext|>``, ``<|file_sep|>``...): any id that ends a generation is allowed where the
     grammar may end. Its ``vocab_size`` is the vocabulary's token count, ``model.n_vocab``.
     """
+    model = model.base  # one per loaded model, whichever sequence asks
     tokenizer = _TOKENIZERS.get(model)
     if tokenizer is None:
         vocab = model.vocab

@@ -108,16 +108,20 @@ class ModelHandle:
 
 
 class ContextHandle:
-    """A ``llama_context`` with one sequence, created from a model and a :class:`LoadConfig`
-    (and registered with the model, which frees it first)."""
+    """A ``llama_context`` of ``cfg.parallel`` sequences of ``cfg.n_ctx`` tokens each, created
+    from a model and a :class:`LoadConfig` (and registered with the model, which frees it
+    first)."""
 
     def __init__(self, model: ModelHandle, cfg: LoadConfig) -> None:
         self.ptr: Any = None
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = cfg.n_ctx
+        params.n_ctx = cfg.n_ctx * cfg.parallel
         params.n_batch = cfg.n_batch
         params.n_ubatch = cfg.n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = cfg.parallel
+        # One cache for every sequence lets a batch of all of them run as one micro-batch; a
+        # stream per sequence keeps each laid out as if alone (strict identity).
+        params.kv_unified = not cfg.strict_identity
         params.n_threads = cfg.n_threads
         params.n_threads_batch = cfg.n_threads_batch
         params.type_k = _GGML_TYPES[cfg.type_k]
@@ -138,7 +142,8 @@ class ContextHandle:
                     f"(n_ctx={cfg.n_ctx}; out of memory or unsupported KV cache type?)"
                 )
             self.memory = llama_cpp.llama_get_memory(self.ptr)
-            self.n_ctx = int(llama_cpp.llama_n_ctx(self.ptr))
+            #: Cells per sequence (llama.cpp pads the whole cache to a multiple of 256).
+            self.n_ctx = int(llama_cpp.llama_n_ctx(self.ptr)) // cfg.parallel
             self.n_batch = int(llama_cpp.llama_n_batch(self.ptr))
         except BaseException:
             self.close()
@@ -155,25 +160,22 @@ class ContextHandle:
 
 
 class BatchHandle:
-    """A ``llama_batch`` of up to ``capacity`` tokens of one sequence."""
-
-    SEQ = 0
+    """A ``llama_batch`` of up to ``capacity`` tokens, each of one sequence."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.ptr: Any = llama_cpp.llama_batch_init(capacity, 0, 1)
 
-    def fill(self, tokens: Sequence[int], first_pos: int, outputs: Sequence[int]) -> None:
-        """Put ``tokens`` at positions ``first_pos...``, asking for logits at ``outputs``."""
+    def fill(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
+        """One ``(token, position, sequence id, logits wanted)`` per batch index."""
         b = self.ptr
-        flags = set(outputs)
-        for j, tok in enumerate(tokens):
-            b.token[j] = int(tok)
-            b.pos[j] = first_pos + j
+        for j, (tok, pos, seq, wanted) in enumerate(entries):
+            b.token[j] = tok
+            b.pos[j] = pos
             b.n_seq_id[j] = 1
-            b.seq_id[j][0] = self.SEQ
-            b.logits[j] = 1 if j in flags else 0
-        b.n_tokens = len(tokens)
+            b.seq_id[j][0] = seq
+            b.logits[j] = 1 if wanted else 0
+        b.n_tokens = len(entries)
 
     def close(self) -> None:
         ptr, self.ptr = self.ptr, None

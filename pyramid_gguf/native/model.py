@@ -2,8 +2,10 @@
 
 :class:`NativeModel` evaluates token batches with one ``llama_decode`` per batch and returns
 exactly the logits rows asked for (``llama_get_logits_ith``; never an ``n_ctx x n_vocab``
-buffer). It tracks the tokens its KV cache holds (:attr:`NativeModel.tokens`), so callers
-reason in token lists and never in native state.
+buffer). Its context holds ``cfg.parallel`` sequences; :meth:`NativeModel.eval_parts` evaluates
+tokens of several of them in one batch (:class:`Part`). It tracks the tokens each sequence's
+KV cache holds (:meth:`NativeModel.held`; :attr:`NativeModel.tokens` is sequence 0's), so
+callers reason in token lists and never in native state.
 """
 
 from __future__ import annotations
@@ -25,6 +27,32 @@ from .rollback import SequenceRollback
 from .vocab import Vocab
 
 
+@dataclass(frozen=True)
+class Part:
+    """Tokens of sequence ``seq`` for one batched evaluation, appended after what it holds,
+    with logits wanted at ``logits_at`` (indices into ``tokens``; negative from the end)."""
+
+    seq: int
+    tokens: Sequence[int]
+    logits_at: Sequence[int] = ()
+
+    def wanted(self) -> list[int]:
+        """The distinct indices of ``logits_at``, counted from the start, in order."""
+        n = len(self.tokens)
+        want = sorted({i + n if i < 0 else i for i in self.logits_at})
+        if any(not 0 <= i < n for i in want):
+            raise IndexError(f"logits_at {list(self.logits_at)} out of range for {n} tokens")
+        return want
+
+    def ordered(self, rows: np.ndarray, want: Sequence[int]) -> np.ndarray:
+        """``rows`` (one per index of ``want``, from :meth:`wanted`) in the order, and with
+        the repeats, of ``logits_at``."""
+        n = len(self.tokens)
+        index = {i: r for r, i in enumerate(want)}
+        order = [index[i + n if i < 0 else i] for i in self.logits_at]
+        return rows[order] if order != list(range(len(want))) else rows
+
+
 @dataclass
 class EvalTimer:
     """Time spent inside llama.cpp by one model."""
@@ -38,7 +66,8 @@ class EvalTimer:
 
 
 class NativeModel:
-    """A model, a one-sequence context and a batch, freed together by :meth:`close`."""
+    """A model, a context of ``cfg.parallel`` sequences and a batch, freed together by
+    :meth:`close`."""
 
     def __init__(self, path: str | os.PathLike[str], cfg: LoadConfig | None = None) -> None:
         self.cfg = cfg or LoadConfig()
@@ -53,14 +82,17 @@ class NativeModel:
             self.weight_buffers = self._model.weight_buffers
             self.vocab = Vocab(self._model.vocab_ptr)
             self.n_vocab = self.vocab.n_vocab
+            #: Tokens each sequence may hold.
             self.n_ctx = self._ctx.n_ctx
             self.n_batch = self._ctx.n_batch
+            self.n_seq = self.cfg.parallel
             reason = "forced" if self.cfg.force_snapshot_rollback else self._model.cache_kind()
-            self._rollback = SequenceRollback(
-                self._ctx.ptr, self._ctx.memory, reason, self.path.name
-            )
-            #: Tokens the KV cache holds, in order.
-            self.tokens: list[int] = []
+            self._rollbacks = [
+                SequenceRollback(self._ctx.ptr, self._ctx.memory, reason, self.path.name, seq)
+                for seq in range(self.n_seq)
+            ]
+            #: Tokens each sequence's KV cache holds, in order.
+            self._held: list[list[int]] = [[] for _ in range(self.n_seq)]
             self.timer = EvalTimer()
         except BaseException:  # a Ctrl-C too: nothing half-made is left to the collector
             self.close()
@@ -88,65 +120,111 @@ class NativeModel:
     # --- evaluation --------------------------------------------------------------------------
 
     @property
+    def base(self) -> NativeModel:
+        """The model that owns the weights and the context (itself; a slot's view: its
+        model)."""
+        return self
+
+    @property
+    def tokens(self) -> list[int]:
+        """Tokens sequence 0 holds (the one-sequence view)."""
+        return self._held[0]
+
+    @property
     def n_past(self) -> int:
-        return len(self.tokens)
+        return len(self._held[0])
+
+    def held(self, seq: int) -> list[int]:
+        """Tokens sequence ``seq`` holds, in order (the model's own list: do not change it)."""
+        return self._held[seq]
 
     def eval(
-        self, tokens: Sequence[int], logits_at: Sequence[int] = (), *, chunk: int = 0
+        self, tokens: Sequence[int], logits_at: Sequence[int] = (), *, chunk: int = 0, seq: int = 0
     ) -> np.ndarray:
-        """Append ``tokens`` to the cache and return the logits at batch indices ``logits_at``.
+        """Append ``tokens`` to sequence ``seq`` and return the logits at batch indices
+        ``logits_at``.
 
         ``tokens``: ``[n]`` ids, evaluated in ONE ``llama_decode`` when ``n <= n_batch`` (longer
         prompts go in ``n_batch`` chunks; ``chunk > 0`` caps each call at ``chunk`` tokens).
         ``logits_at``: indices into ``tokens`` (negative counts from the end). Returns float32
         ``[len(logits_at), V]``, a copy of exactly those rows.
         """
-        n = len(tokens)
-        want = sorted({i + n if i < 0 else i for i in logits_at})
-        if any(not 0 <= i < n for i in want):
-            raise IndexError(f"logits_at {list(logits_at)} out of range for {n} tokens")
-        if self.n_past + n > self.n_ctx:
-            raise ContextOverflow(
-                f"context full: {self.n_past} + {n} tokens exceed --ctx-size {self.n_ctx}"
-            )
-        rows = {i: r for r, i in enumerate(want)}
-        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
+        return self.eval_parts([Part(seq, tokens, logits_at)], chunk=chunk)[0]
+
+    def eval_parts(self, parts: Sequence[Part], *, chunk: int = 0) -> list[np.ndarray]:
+        """Evaluate every part in one batch (``n_batch`` or ``chunk`` tokens per
+        ``llama_decode``, in order) and return each part's rows ``[len(logits_at), V]``.
+
+        Each sequence appears at most once. Nothing is evaluated when a part would overflow its
+        sequence's ``n_ctx`` (:class:`ContextOverflow`) or asks for a row it does not have.
+        """
+        seqs = [p.seq for p in parts]
+        if len(set(seqs)) != len(seqs) or any(not 0 <= s < self.n_seq for s in seqs):
+            raise ValueError(f"parts need distinct sequences of 0..{self.n_seq - 1}, got {seqs}")
+        wants = [p.wanted() for p in parts]
+        for p in parts:
+            held = len(self._held[p.seq])
+            if held + len(p.tokens) > self.n_ctx:
+                raise ContextOverflow(
+                    f"context full: {held} + {len(p.tokens)} tokens exceed --ctx-size {self.n_ctx}"
+                )
+        outs = [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
+        # (token, position, sequence, logits wanted) per batch index, and where each row goes
+        entries: list[tuple[int, int, int, bool]] = []
+        dest: list[tuple[int, int] | None] = []
+        for i, (p, want) in enumerate(zip(parts, wants, strict=True)):
+            rows = {j: r for r, j in enumerate(want)}
+            first = len(self._held[p.seq])
+            for j, tok in enumerate(p.tokens):
+                entries.append((int(tok), first + j, p.seq, j in rows))
+                dest.append((i, rows[j]) if j in rows else None)
         start_time = time.perf_counter()
         step = min(chunk, self.n_batch) if chunk > 0 else self.n_batch
-        for start in range(0, n, step):
-            part = tokens[start : start + step]
-            here = [i - start for i in want if start <= i < start + len(part)]
-            self._batch.fill(part, self.n_past, here)
+        for start in range(0, len(entries), step):
+            piece = entries[start : start + step]
+            self._batch.fill(piece)
             rc = llama_cpp.llama_decode(self._ctx.ptr, self._batch.ptr)
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} for {self.path.name}")
-            for j in here:
-                ptr = llama_cpp.llama_get_logits_ith(self._ctx.ptr, j)
-                out[rows[j + start]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-            self.tokens.extend(int(t) for t in part)
+            for j, (tok, _, seq, wanted) in enumerate(piece):
+                self._held[seq].append(tok)
+                where = dest[start + j]
+                if wanted and where is not None:
+                    ptr = llama_cpp.llama_get_logits_ith(self._ctx.ptr, j)
+                    outs[where[0]][where[1]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         self.timer.n_evals += 1
-        self.timer.n_tokens += n
+        self.timer.n_tokens += len(entries)
         self.timer.seconds += time.perf_counter() - start_time
-        order = [rows[i + n if i < 0 else i] for i in logits_at]
-        return out[order] if order != list(range(len(want))) else out
+        return [p.ordered(out, want) for out, p, want in zip(outs, parts, wants, strict=True)]
 
     # --- KV-cache rollback -------------------------------------------------------------------
 
     @property
     def snapshot_reason(self) -> str | None:
         """Why suffix removal is not trusted for this model, or None when it is."""
-        return self._rollback.reason
+        return self._rollbacks[0].reason
 
-    def rollback(self, n_past: int) -> None:
-        """Make the cache hold exactly ``tokens[:n_past]``, so the next logits are right."""
-        if n_past >= self.n_past:
+    def rollback(self, n_past: int, seq: int = 0) -> None:
+        """Make sequence ``seq`` hold exactly its first ``n_past`` tokens, so the next logits
+        are right."""
+        held = self._held[seq]
+        if n_past >= len(held):
             return
-        self._rollback.truncate(self.tokens, max(n_past, 0), self.eval)
+
+        def reeval(gap: Sequence[int]) -> None:
+            self.eval(gap, seq=seq)
+
+        self._rollbacks[seq].truncate(held, max(n_past, 0), reeval)
+
+    def clear(self, seq: int) -> None:
+        """Empty sequence ``seq``'s cache."""
+        self._rollbacks[seq].clear()
+        self._held[seq].clear()
 
     def reset(self) -> None:
-        """Empty the cache."""
-        self._rollback.clear()
-        self.tokens = []
+        """Empty the cache of every sequence."""
+        for seq in range(self.n_seq):
+            self.clear(seq)
 
     # --- what the file says ------------------------------------------------------------------
 
@@ -165,3 +243,4 @@ class NativeModel:
     def describe_weights(self) -> str:
         """Where the weights are: ``CPU_REPACK 748.0 MiB, CPU_Mapped 313.5 MiB (extra ...)``."""
         return f"{describe_buffers(self.weight_buffers)} ({self.placement.describe()})"
+

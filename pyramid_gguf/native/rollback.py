@@ -14,7 +14,6 @@ from typing import Any
 
 import llama_cpp
 
-_SEQ = 0
 #: Saved sequence states kept per model (newest last).
 MAX_SNAPSHOTS = 8
 
@@ -22,15 +21,16 @@ Reeval = Callable[[Sequence[int]], object]
 
 
 class SequenceRollback:
-    """Brings one context's sequence back to a prefix of the tokens it holds.
+    """Brings sequence ``seq`` of one context back to a prefix of the tokens it holds.
 
     ``reason``: why suffix removal is not trusted (``sliding-window``, ``recurrent``,
     ``hybrid``, ``forced``), or None when it is.
     """
 
-    def __init__(self, ctx: Any, memory: Any, reason: str | None, name: str) -> None:
+    def __init__(self, ctx: Any, memory: Any, reason: str | None, name: str, seq: int = 0) -> None:
         self._ctx = ctx
         self._mem = memory
+        self.seq = seq
         self.reason = reason
         self._name = name
         self._snapshots: list[tuple[int, bytes]] = []
@@ -42,19 +42,19 @@ class SequenceRollback:
         ``tokens``).
         """
         if self.reason is None:
-            if llama_cpp.llama_memory_seq_rm(self._mem, _SEQ, n_past, -1):
+            if llama_cpp.llama_memory_seq_rm(self._mem, self.seq, n_past, -1):
                 del tokens[n_past:]
                 return
             self.reason = "partial removal refused"
         kept = tokens[:n_past]
         while self._snapshots and self._snapshots[-1][0] > n_past:
             self._snapshots.pop()
-        llama_cpp.llama_memory_seq_rm(self._mem, _SEQ, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
         tokens.clear()
         if self._snapshots:
             pos, state = self._snapshots[-1]
             buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-            if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(state), _SEQ) == 0:
+            if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(state), self.seq) == 0:
                 raise RuntimeError(f"could not restore a saved state of {self._name}")
             tokens.extend(kept[:pos])
         if len(tokens) < n_past:
@@ -64,13 +64,13 @@ class SequenceRollback:
     def _save(self, n_past: int) -> None:
         if self._snapshots and self._snapshots[-1][0] == n_past:
             return
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, _SEQ)
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, self.seq)
         buf = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, _SEQ)
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, self.seq)
         self._snapshots.append((n_past, bytes(buf[:written])))
         del self._snapshots[:-MAX_SNAPSHOTS]
 
     def clear(self) -> None:
-        """Empty the whole cache and forget saved states."""
-        llama_cpp.llama_memory_clear(self._mem, True)
+        """Empty the sequence and forget its saved states."""
+        llama_cpp.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
         self._snapshots = []

@@ -107,9 +107,10 @@ def tier_plan(
     tier: str, mm: ModelMemory, n_gpu_layers: int, load: LoadConfig, *, op_offload: bool = True
 ) -> TierPlan:
     """The memory split of ``mm`` loaded with ``n_gpu_layers`` (llama.cpp's counting), with
-    the context size, micro-batch and KV cache types of ``load``; ``op_offload`` only matters
-    with no GPU layers (a GPU buffer for the output head and the logits, or nothing)."""
-    n_ctx, n_ubatch = load.n_ctx, load.n_batch
+    the context size (``n_ctx`` cells for each of ``parallel`` slots), micro-batch and KV cache
+    types of ``load``; ``op_offload`` only matters with no GPU layers (a GPU buffer for the
+    output head and the logits, or nothing)."""
+    n_ctx, n_ubatch = load.n_ctx * load.parallel, load.n_batch
     k = mm.n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, mm.n_layer + 1)
     blocks, output = placement(mm.n_layer, k)
     first_gpu = mm.n_layer - blocks

@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP app over one loaded :class:`~pyramid_gguf.api.Pyramid`.
 
-``create_app(pyramid, settings)`` returns a FastAPI app with ``GET /health``,
-``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed as
-server-sent events when ``stream`` is true). Bodies come from :mod:`.openai`, requests are
-parsed by :mod:`.schemas`, generations run through the bounded queue of :mod:`.jobs`, and every
-error is answered in OpenAI's shape (:mod:`.http_errors`). :class:`Server` runs it on uvicorn.
+``create_app(pyramid, settings)`` returns a FastAPI app with ``GET /health``, ``GET /metrics``
+(Prometheus), ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``
+(streamed as server-sent events when ``stream`` is true). Bodies come from :mod:`.openai`,
+requests are parsed by :mod:`.schemas`, generations run through the bounded queue of
+:mod:`.jobs` on one worker per parallel slot of the pyramid (their model calls batched
+together), and every error is answered in OpenAI's shape (:mod:`.http_errors`).
+:class:`Server` runs it on uvicorn.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ..api import Prompt, Pyramid, Response, TokenLogprob
 from .assist import CallStream, chat_sampling
 from .http_errors import ApiError, ApiKeyMiddleware, error_of, install_error_handlers
 from .jobs import ClientGone, Job, JobQueue, Work, shutting_down
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import render as render_metrics
 from .openai import ResponseShape
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .settings import ServerSettings
@@ -82,7 +86,8 @@ async def _events(
 def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``pyramid`` (which the caller keeps and closes)."""
     settings = settings or ServerSettings()
-    queue = JobQueue(settings.queue_size)
+    slots = pyramid.slots
+    queue = JobQueue(settings.queue_size, workers=slots.n_slots)
     model_name = settings.model_name or pyramid.name
     base_spec = settings.spec or pyramid.spec
 
@@ -105,10 +110,16 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
             "model": model_name,
             "mode": base_spec.mode,
             "in_flight": queue.in_flight,
+            "slots_idle": slots.n_slots - slots.busy,
+            "slots_processing": slots.busy,
             "queue_size": queue.queue_size,
             "completed": queue.completed,
             "cancelled": queue.cancelled,
         }
+
+    @app.get("/metrics")
+    async def metrics() -> HTTPResponse:
+        return HTTPResponse(render_metrics(queue, slots), media_type=METRICS_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -133,6 +133,7 @@ class Chain:
         available: int | None = None,
         budget: policy.Budget | None = None,
         forced: int = 0,
+        batch: policy.Batch = policy.SOLO,
     ) -> policy.Pick:
         """This chain's best next round (:func:`policy.best_block` over block sizes).
 
@@ -140,24 +141,25 @@ class Chain:
         the keep probabilities of its proposals. ``lags``: committed tokens each model below
         the target has not seen (it catches up when next used). ``available``: tokens the
         n-gram drafter offers (its continuation). ``forced``: tokens a grammar forces before
-        the block (certain acceptances, verified in the same batch). Plain decoding's pick is
-        its one option.
+        the block (certain acceptances, verified in the same batch). ``batch``: the rest of the
+        batch the round rides in (``costs["target"]`` then prices this sequence's tokens at the
+        margin of the combined evaluation). Plain decoding's pick is its one option.
         """
         target = costs["target"]
         lags = lags or {}
         if self.plain:
-            base = policy.plain(target, overhead, forced)
+            base = policy.plain(target, overhead, forced, batch)
             return policy.Pick(base, base)
         if self.bottom == NGRAM_TIER and len(self.rules) == 1:
             first, after = keeps[0]
             n = max_k if available is None else available
-            return policy.ngram(target, first, after, n, max_k, overhead, budget, forced)
+            return policy.ngram(target, first, after, n, max_k, overhead, budget, forced, batch)
         if self.bottom != NGRAM_TIER and len(self.rules) == 1:
             model = self.bottom
             keep = keeps[0][0]
             lag = lags.get(model, 0)
             return policy.draft(
-                model, target, costs[model], keep, max_k, lag, overhead, budget, forced
+                model, target, costs[model], keep, max_k, lag, overhead, budget, forced, batch
             )
         if self.bottom != NGRAM_TIER and len(self.rules) == 2:
             lower, middle = self.tiers[0], self.tiers[1]
@@ -173,6 +175,7 @@ class Chain:
                 overhead,
                 budget,
                 forced,
+                batch,
             )
         raise ValueError(f"chain {self.name} ({' -> '.join(self.tiers)}) is not priced")
 

@@ -57,6 +57,17 @@ class CostCurve:
         sizes = sizes if sizes is not None else range(1, len(self.seconds) + 1)
         return [self(n) / self.one for n in sizes]
 
+    def after(self, size: int) -> CostCurve:
+        """What ``n`` more tokens add to an evaluation that already carries ``size`` (other
+        sequences' tokens): ``c(size + n) - c(size)``, the marginal cost in a combined batch,
+        over the measured sizes (never below a thousandth of one token's cost)."""
+        if size <= 0:
+            return self
+        floor = self.one * 1e-3
+        base = self(size)
+        n = len(self.seconds)
+        return CostCurve(tuple(max(self(size + k) - base, floor) for k in range(1, n + 1)))
+
     def with_chunk(self, chunk: int) -> CostCurve:
         """The same curve, evaluated in micro-batches of at most ``chunk`` tokens."""
         return CostCurve(self.seconds, chunk)

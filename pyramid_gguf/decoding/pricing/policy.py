@@ -57,13 +57,33 @@ MAX_L_D = 8
 
 
 @dataclass(frozen=True)
+class Batch:
+    """The rest of the batch a sequence's round rides in (parallel slots): the other
+    sequences commit ``tokens`` per step and their step costs ``seconds`` without this one.
+
+    With other sequences in the batch, a round's ``seconds`` is what it adds to the step (its
+    drafting, and its tokens at the marginal cost of the target's combined evaluation:
+    :meth:`~.costs.CostCurve.after`), and an option's rate is the whole batch's, so a round
+    speculates only where that raises the batch's tokens per second (Dinkelbach's ratio test:
+    a bet whose extra tokens per extra second fall below the batch's own rate slows everyone).
+    """
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+
+#: A sequence alone.
+SOLO = Batch()
+
+
+@dataclass(frozen=True)
 class Option:
     """One way to run the next round.
 
     ``chain``: ``target`` (plain decoding), ``ngram``, a model tier name (that model drafts
     for the target) or ``pyramid`` (draft -> qualifier -> target). ``k``: tokens proposed to
     the target. ``l_d``: a pyramid's draft tokens per qualifier check. ``tokens``: expected
-    committed tokens; ``seconds``: expected cost.
+    committed tokens; ``seconds``: expected cost; ``batch``: the rest of the batch it rides in.
     """
 
     chain: str
@@ -71,11 +91,13 @@ class Option:
     tokens: float
     seconds: float
     l_d: int = 0
+    batch: Batch = SOLO
 
     @property
     def rate(self) -> float:
-        """Expected committed tokens per second."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        """Expected committed tokens per second (of the whole batch when in one)."""
+        spent = self.seconds + self.batch.seconds
+        return (self.tokens + self.batch.tokens) / spent if spent > 0 else 0.0
 
 
 def expected_tokens(first: float, after: float, k: int) -> float:
@@ -167,11 +189,13 @@ def best_block(
     seconds: Sequence[float],
     l_d: int = 0,
     budget: Budget | None = None,
+    batch: Batch = SOLO,
 ) -> Pick:
     """The block size ``k`` with the most expected tokens per second, overall and among those
     ``budget`` allows (all, without one). ``tokens[k - 1]`` / ``seconds[k - 1]``: expected
-    committed tokens and cost of proposing ``k`` (``k = 1..len(tokens)``). The first of equal
-    rates wins. Called for every chain every round, so it makes only the options it returns."""
+    committed tokens and cost of proposing ``k`` (``k = 1..len(tokens)``); rates are the
+    ``batch``'s with this sequence in it. The first of equal rates wins. Called for every
+    chain every round, so it makes only the options it returns."""
     best_k = allowed_k = 0
     best_rate = allowed_rate = 0.0
     refused = False
@@ -182,8 +206,9 @@ def best_block(
         base, savings = budget.base.seconds, budget.savings
         staked = savings + base
         confident, worth = CONFIDENT_GAIN * budget.base.rate, MIN_GAIN * budget.base.rate
+    shared_t, shared_s = batch.tokens, batch.seconds
     for k, (t, s) in enumerate(zip(tokens, seconds, strict=True), start=1):
-        rate = t / s if s > 0 else 0.0
+        rate = (t + shared_t) / (s + shared_s) if s + shared_s > 0 else 0.0
         if best_k == 0 or rate > best_rate:
             best_k, best_rate = k, rate
         if s - base <= (staked if rate >= confident else savings):
@@ -193,16 +218,18 @@ def best_block(
             refused = True
 
     def option(k: int) -> Option | None:
-        return Option(chain, k, tokens[k - 1], seconds[k - 1], l_d) if k else None
+        if not k:
+            return None
+        return Option(chain, k, tokens[k - 1], seconds[k - 1], l_d, batch)
 
     best = option(best_k)
     return Pick(best, best if allowed_k == best_k else option(allowed_k), refused)
 
 
-def plain(target: CostCurve, overhead: float, forced: int = 0) -> Option:
+def plain(target: CostCurve, overhead: float, forced: int = 0, batch: Batch = SOLO) -> Option:
     """Plain decoding: one token per one-token evaluation. With ``forced`` tokens of a grammar
     (certain to be kept), they and the target's next token in one evaluation."""
-    return Option("target", 0, 1.0 + forced, target(1 + forced) + overhead)
+    return Option("target", 0, 1.0 + forced, target(1 + forced) + overhead, batch=batch)
 
 
 def ngram(
@@ -214,13 +241,14 @@ def ngram(
     overhead: float,
     budget: Budget | None = None,
     forced: int = 0,
+    batch: Batch = SOLO,
 ) -> Pick:
     """Proposing up to ``available`` n-gram tokens (drafting costs nothing) after ``forced``
     tokens of a grammar (kept for certain, verified in the same batch)."""
     ks = range(1, min(available, max_k) + 1)
     tokens = [forced + expected_tokens(first, after, k) for k in ks]
     seconds = [target(k + forced + 1) + overhead for k in ks]
-    return best_block("ngram", tokens, seconds, budget=budget)
+    return best_block("ngram", tokens, seconds, budget=budget, batch=batch)
 
 
 def draft(
@@ -233,6 +261,7 @@ def draft(
     overhead: float,
     budget: Budget | None = None,
     forced: int = 0,
+    batch: Batch = SOLO,
 ) -> Pick:
     """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``), after
     ``forced`` tokens of a grammar (the model reads them with its first draft step)."""
@@ -241,7 +270,7 @@ def draft(
     ks = range(1, max_k + 1)
     tokens = [forced + expected_tokens(keep, keep, k) for k in ks]
     seconds = [k * one + catch_up + target(k + forced + 1) + overhead for k in ks]
-    return best_block(name, tokens, seconds, budget=budget)
+    return best_block(name, tokens, seconds, budget=budget, batch=batch)
 
 
 def pyramid(
@@ -255,6 +284,7 @@ def pyramid(
     overhead: float,
     budget: Budget | None = None,
     forced: int = 0,
+    batch: Batch = SOLO,
 ) -> Pick:
     """Draft -> qualifier -> target: the qualifier fills a buffer of ``k`` tokens from checks
     of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``), after
@@ -269,7 +299,7 @@ def pyramid(
         per_check = l_d * one + qualifier(l_d + 1) + overhead
         per_token = per_check / expected_tokens(keep_dq, keep_dq, l_d)
         seconds = [k * per_token + catch_up + v + overhead for k, v in zip(ks, verify, strict=True)]
-        pick = pick | best_block("pyramid", tokens, seconds, l_d, budget)
+        pick = pick | best_block("pyramid", tokens, seconds, l_d, budget, batch)
     return pick
 
 

@@ -23,12 +23,19 @@ The chains are :func:`~.chains.ladder_chains` of the ladder, run by the same
 ``allow_lossy``, which makes the model chains use the fuzzy rules (``fsd``, ``psd-f`` with
 ``tau_t`` / ``tau_q``). Tiers other than the target are never prefilled: a model catches up on
 the committed text only if and when it is chosen.
+
+In a batch of parallel slots (``load``), each round is priced against the batch it rides in:
+the target's cost curve becomes the marginal cost of this slot's tokens on top of the other
+slots' (their last rounds), and every option's rate is the whole batch's
+(:class:`~.policy.Batch`). Where the batch already uses what a block would, nothing pays and
+every slot decodes plainly; a slot alone prices exactly as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ...core.spec import SpecConfig
 from ..pricing import policy
@@ -36,6 +43,7 @@ from ..pricing.chains import NGRAM_TIER, Chain, Keep, ladder_chains
 from ..pricing.costs import CostCurve
 from ..pricing.estimates import ChainAcceptance, NGramAcceptance
 from ..pricing.policy import Option, Pick
+from .batcher import Load
 from .guide import Guide
 from .ngram import Match, NGramDrafter, NGramPool
 from .proposers import Admit, DraftProposer, Observe
@@ -45,10 +53,25 @@ from .sampling import Sampler
 from .stats import AutoStats, GenerationStats
 from .tiers import Ladder, common_prefix
 
+#: The cost curves and the rest of the batch one round is priced with.
+Priced = tuple[Mapping[str, CostCurve], policy.Batch]
+
 #: Python time per round outside llama.cpp, in seconds (warping, acceptance, bookkeeping).
 #: A constant, not a measurement, so that decisions (and with them a seeded run's samples)
 #: depend only on the cached cost curves and the tokens, never on timing noise.
 ROUND_OVERHEAD = 4e-4
+
+
+class SlotLoad(Protocol):
+    """What a parallel slot knows of the batch it rides in (:class:`~.slots.Slot`)."""
+
+    def load(self) -> Load:
+        """The other running slots' share of the next target batch."""
+        ...
+
+    def report(self, size: int, committed: int) -> None:
+        """This slot's round brought ``size`` tokens to the target and committed ``committed``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -77,9 +100,12 @@ class AutoRounds:
         costs: Mapping[str, CostCurve],
         pool: NGramPool | None = None,
         guide: Guide | None = None,
+        load: SlotLoad | None = None,
     ) -> None:
         self.spec = spec
         self.costs = costs
+        #: The batch of parallel slots this generation rides in (None: alone).
+        self.load = load
         self.runner = Runner(ladder, sampler, stats, guide)
         self.chains = {c.name: c for c in ladder_chains(ladder.shape, spec)}
         #: Each lossy chain's fuzzy stages, as ``-v`` names them.
@@ -108,7 +134,7 @@ class AutoRounds:
         self.shadows: list[Shadow] = []
         #: Rounds run so far in this generation.
         self.rounds = 0
-        self._bounds: dict[tuple[str, tuple[Keep, ...], int, int], Option | None] = {}
+        self._bounds: dict[tuple[str, tuple[Keep, ...], int, int, policy.Batch], Option | None] = {}
 
     # --- choosing --------------------------------------------------------------------------
 
@@ -119,41 +145,45 @@ class AutoRounds:
         match: Match | None,
         budget: policy.Budget,
         forced: int = 0,
+        priced: Priced | None = None,
     ) -> dict[str, Pick]:
         """Every chain's options within ``budget``, by chain name, each after ``forced`` tokens
-        of a grammar (``committed`` includes them). A model chain whose bound (:meth:`_bound`)
-        cannot beat plain decoding is not priced (it could not be chosen): its pick holds the
-        bound only."""
+        of a grammar (``committed`` includes them), in the batch of ``priced`` (default:
+        alone). A model chain whose bound (:meth:`_bound`) cannot beat plain decoding is not
+        priced (it could not be chosen): its pick holds the bound only."""
+        costs, batch = priced or (self.costs, policy.SOLO)
         out: dict[str, Pick] = {}
         if match is not None:  # any length: the estimates say what a match length is worth
             keep = self.ngram_keep.estimate(match.length, quoted=match.quoted)
             out[self.ngram.name] = self.ngram.price(
-                self.costs,
+                costs,
                 (keep,),
                 max_k,
                 overhead=self.overhead,
                 available=len(match.continuation),
                 budget=budget,
                 forced=forced,
+                batch=batch,
             )
         # models have no shadows to learn from: an allowance for their rounds (EXPLORE_SHARE)
         allowance = policy.EXPLORE_SHARE * self.rounds * budget.base.seconds
         explore = policy.Budget(budget.base, budget.savings + allowance)
         for chain in self.model_chains:
             keeps = self._keeps(chain)
-            bound = self._bound(chain, keeps, max_k, forced)
+            bound = self._bound(chain, keeps, max_k, forced, (costs, batch))
             if bound is None or not budget.worth(bound):
                 out[chain.name] = Pick(best=bound)
                 continue
             lags = {t.name: t.lag(committed) for t in self.runner.tiers(chain)[:-1]}
             out[chain.name] = chain.price(
-                self.costs,
+                costs,
                 keeps,
                 max_k,
                 overhead=self.overhead,
                 lags=lags,
                 budget=explore,
                 forced=forced,
+                batch=batch,
             )
         return out
 
@@ -164,16 +194,29 @@ class AutoRounds:
         return tuple((r, r) for r in rates)
 
     def _bound(
-        self, chain: Chain, keeps: tuple[Keep, ...], max_k: int, forced: int
+        self, chain: Chain, keeps: tuple[Keep, ...], max_k: int, forced: int, priced: Priced
     ) -> Option | None:
         """The best option of a model chain at these keep rates, caught up and without a
         budget: the most it can promise until its keep rates change (which takes a round of
-        it), cached."""
-        key = (chain.name, keeps, max_k, forced)
+        it) or the batch does, cached."""
+        costs, batch = priced
+        key = (chain.name, keeps, max_k, forced, batch)
         if key not in self._bounds:
-            pick = chain.price(self.costs, keeps, max_k, overhead=self.overhead, forced=forced)
+            pick = chain.price(
+                costs, keeps, max_k, overhead=self.overhead, forced=forced, batch=batch
+            )
             self._bounds[key] = pick.best
         return self._bounds[key]
+
+    def _priced(self) -> Priced:
+        """The cost curves and the rest of the batch this round is priced with: alone, or
+        this slot's tokens at the margin of the other slots' target batch."""
+        rest = self.load.load() if self.load is not None else None
+        if rest is None or rest.slots == 0:
+            return self.costs, policy.SOLO
+        c_t = self.costs["target"]
+        costs = {**self.costs, "target": c_t.after(rest.size)}
+        return costs, policy.Batch(rest.tokens, c_t(rest.size) + rest.slots * self.overhead)
 
     # --- running ---------------------------------------------------------------------------
 
@@ -186,13 +229,15 @@ class AutoRounds:
         left = room - 1 - len(forced)
         max_k = min(self.spec.max_block, left) if left > 0 else 0
         match = self.drafter.lookup(ctx, max_k, self.answer_start) if max_k > 0 else None
-        plain = policy.plain(self.costs["target"], self.overhead)
-        base = policy.plain(self.costs["target"], self.overhead, len(forced)) if forced else plain
+        priced = self._priced()
+        costs, batch = priced
+        plain = policy.plain(costs["target"], self.overhead, batch=batch)
+        base = policy.plain(costs["target"], self.overhead, len(forced), batch) if forced else plain
         self._settle(committed, plain)
         # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone.
         copying = match is not None and match.copying
         budget = policy.Budget(base) if copying else self.ledger.budget(base)
-        picks = self.picks(ctx, max_k, match, budget, len(forced)) if max_k > 0 else {}
+        picks = self.picks(ctx, max_k, match, budget, len(forced), priced) if max_k > 0 else {}
         choice = policy.choose(base, [p.allowed for p in picks.values()])
         if choice is base and any(p.refused for p in picks.values()):
             self.auto.unfunded += 1
@@ -202,7 +247,9 @@ class AutoRounds:
         for name, pick in picks.items():
             if pick.best is not None:
                 self.auto.outlook[name] = pick.best.rate / base.rate
-        new, proposed = self._execute(choice, committed, match, forced)
+        new, proposed = self._execute(choice, committed, match, forced, costs["target"])
+        if self.load is not None:
+            self.load.report(len(forced) + proposed + 1, len(new))
         self.rounds += 1
         self.auto.record(choice.chain, proposed, len(new), self.lossy[choice.chain])
         if choice is not plain:  # what this round saved (or lost) against plain decoding
@@ -235,10 +282,15 @@ class AutoRounds:
         self.shadows = pending
 
     def _execute(
-        self, choice: Option, committed: list[int], match: Match | None, forced: list[int]
+        self,
+        choice: Option,
+        committed: list[int],
+        match: Match | None,
+        forced: list[int],
+        c_t: CostCurve,
     ) -> tuple[list[int], int]:
-        """Run ``choice`` after the grammar's ``forced`` tokens; the committed tokens and how
-        many were drafted."""
+        """Run ``choice`` after the grammar's ``forced`` tokens (``c_t``: the target's cost
+        curve it was priced with); the committed tokens and how many were drafted."""
         chain = self.chains[choice.chain]
         f = len(forced)
         if chain.plain:
@@ -258,7 +310,7 @@ class AutoRounds:
             chain,
             k=choice.k,
             l_d=choice.l_d,
-            admit=None if pyramid else self._admit(choice),
+            admit=None if pyramid else self._admit(choice, c_t),
             observe=self._observe(chain.stages[0].name) if pyramid else None,
         )
         block = self.runner.propose(proposer, committed, forced, f + self.spec.max_block)
@@ -277,11 +329,10 @@ class AutoRounds:
 
         return observe
 
-    def _admit(self, choice: Option) -> Admit:
+    def _admit(self, choice: Option, c_t: CostCurve) -> Admit:
         """Propose one more drafted token while the expected tokens it adds (the chance that
-        it and every one before it are kept) pay for its share of the verification at the
-        rate the round was chosen for."""
-        c_t = self.costs["target"]
+        it and every one before it are kept) pay for its share of the verification (priced by
+        ``c_t``) at the rate the round was chosen for."""
         rate = choice.rate
 
         def admit(tops: list[float]) -> bool:

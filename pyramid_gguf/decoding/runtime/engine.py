@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from .sampling import Sampler
 from .stats import GenerationStats, TierStats
 from .tiers import Ladder, ModelTier
 
+if TYPE_CHECKING:
+    from .auto import SlotLoad
+
 
 def make_rounds(
     ladder: Ladder,
@@ -36,18 +40,20 @@ def make_rounds(
     costs: dict[str, CostCurve] | None = None,
     pool: NGramPool | None = None,
     guide: Guide | None = None,
+    load: SlotLoad | None = None,
 ) -> tuple[Rounds, list[ModelTier]]:
     """The rounds of ``spec.mode`` and the tiers to prefill with the prompt.
 
-    ``auto`` needs ``costs`` (each tier's :class:`CostCurve`, by tier name); ``pool`` lets
-    the n-gram drafter search earlier requests; ``guide`` constrains every round (a grammar).
+    ``auto`` needs ``costs`` (each tier's :class:`CostCurve`, by tier name) and prices its
+    rounds against the batch of parallel slots ``load`` says it rides in; ``pool`` lets the
+    n-gram drafter search earlier requests; ``guide`` constrains every round (a grammar).
     """
     if spec.info.auto:
         from .auto import AutoRounds
 
         if costs is None:
             raise ValueError("mode auto needs the tiers' cost curves")
-        auto = AutoRounds(ladder, spec, sampler, stats, costs, pool, guide)
+        auto = AutoRounds(ladder, spec, sampler, stats, costs, pool, guide, load)
         return auto, [ladder.target]
     return fixed_rounds(ladder, spec, sampler, stats, pool, guide)
 

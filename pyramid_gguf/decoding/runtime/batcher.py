@@ -1,0 +1,209 @@
+"""Many sequences, one batch per tier: the step that every slot's model calls wait on.
+
+Each slot runs its :class:`~.engine.Generation` on its own thread as if it were alone; every
+evaluation it asks of a model (a prompt, a draft step, a qualifier check, a verification)
+becomes a request to the :class:`Batcher` and blocks. When every running slot is waiting, the
+batcher takes the requests of the smallest tier that has any (drafts before qualifier checks
+before the target, so that one target batch carries every slot's verification block),
+evaluates them together with one :meth:`~pyramid_gguf.native.NativeModel.eval_parts` (one
+``llama_decode`` per ``n_batch`` tokens, logits only at the rows each asked for) and wakes
+their slots. The threads are the slots' coroutines and the batcher is the clock: nothing
+native runs unless every running slot is waiting on it, so the batches are the same whatever
+order the threads run in.
+
+A request longer than :data:`PROMPT_CHUNK` tokens (a prompt, a tier catching up) is evaluated
+that many tokens per batch while other slots are running, so their streams never stall
+behind it (llama-server's continuous batching). With ``strict_identity`` nothing is shared:
+each request is evaluated alone, split exactly as it would be if its slot ran alone, so every
+answer equals the one it gets alone.
+
+Each slot's last round (tokens it brought to the target's batch, tokens it committed) is
+recorded here, so that ``auto`` can price a slot's speculation against the batch it rides in
+(:meth:`Batcher.load`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...native import EvalTimer, NativeModel, Part
+
+#: Most tokens of one long request evaluated per batch while other slots are running.
+PROMPT_CHUNK = 128
+
+
+@dataclass(frozen=True)
+class Load:
+    """The rest of the batch as one slot sees it: ``size`` tokens the other running slots
+    bring to the target's evaluation per round and ``tokens`` they commit (their last round's
+    figures; a slot that has not reported counts as plain decoding: one and one)."""
+
+    size: int = 0
+    tokens: float = 0.0
+    slots: int = 0
+
+
+@dataclass
+class _Request:
+    """One evaluation a slot waits for; a long one is served over several batches."""
+
+    tier: int
+    model: NativeModel
+    part: Part
+    chunk: int
+    timer: EvalTimer
+    want: list[int]
+    done: int = 0
+    rows: np.ndarray | None = None
+    error: BaseException | None = None
+    finished: bool = False
+
+    @property
+    def left(self) -> int:
+        return len(self.part.tokens) - self.done
+
+
+@dataclass
+class Counters:
+    """What the batcher did since it was made (for ``/metrics``)."""
+
+    batches: int = 0
+    slots_in_batches: int = 0
+    tokens: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class Batcher:
+    """Gathers the model calls of the running slots of one ladder (``models``: the loaded
+    models, smallest first, named ``names``) into one batch per tier."""
+
+    def __init__(self, models: Sequence[NativeModel], names: Sequence[str]) -> None:
+        self.models = list(models)
+        self.names = list(names)
+        self.strict = any(m.cfg.strict_identity for m in self.models)
+        #: Held while anything native runs: a batch, a rollback, a slot's cache cleared.
+        self.lock = threading.Condition()
+        self._running: set[int] = set()
+        self._waiting: list[_Request] = []
+        self._busy = False
+        #: Each running slot's last round: (target tokens, committed tokens).
+        self._rounds: dict[int, tuple[int, int]] = {}
+        self.counters = Counters(tokens=dict.fromkeys(self.names, 0))
+
+    # --- membership ----------------------------------------------------------------------------
+
+    def join(self, seq: int) -> None:
+        """Slot ``seq`` starts running: batches now wait for it too."""
+        with self.lock:
+            self._running.add(seq)
+            self._rounds[seq] = (1, 1)
+
+    def leave(self, seq: int) -> None:
+        """Slot ``seq`` stops running (finished, cancelled or failed)."""
+        with self.lock:
+            self._running.discard(seq)
+            self._rounds.pop(seq, None)
+            self.lock.notify_all()  # the others may all be waiting now
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # --- pricing against the batch -----------------------------------------------------------
+
+    def report(self, seq: int, size: int, committed: int) -> None:
+        """Slot ``seq``'s round brought ``size`` tokens to the target and committed
+        ``committed``."""
+        with self.lock:
+            if seq in self._running:
+                self._rounds[seq] = (size, committed)
+
+    def load(self, seq: int) -> Load:
+        """The other running slots' share of the next target batch, as slot ``seq`` sees it."""
+        with self.lock:
+            others = [r for s, r in self._rounds.items() if s != seq]
+        return Load(sum(r[0] for r in others), float(sum(r[1] for r in others)), len(others))
+
+    # --- evaluation ----------------------------------------------------------------------------
+
+    def evaluate(self, model: NativeModel, part: Part, chunk: int, timer: EvalTimer) -> np.ndarray:
+        """Evaluate ``part`` on ``model`` in the next batch of its tier (blocking until it has
+        been); rows ``[len(logits_at), V]`` as :meth:`NativeModel.eval` returns them.
+        ``timer``: the slot's, charged its share of each batch."""
+        want = part.wanted()  # a bad index fails here, in its own slot
+        tier = self.models.index(model)
+        req = _Request(tier, model, part, chunk, timer, want)
+        with self.lock:
+            self._waiting.append(req)
+            while not req.finished:
+                if not self._busy and len(self._waiting) >= len(self._running):
+                    self._dispatch()
+                else:
+                    self.lock.wait()
+        if req.error is not None:
+            raise req.error
+        assert req.rows is not None
+        return req.rows
+
+    def _dispatch(self) -> None:
+        """Evaluate the smallest waiting tier's requests (lock held), then wake everyone."""
+        self._busy = True
+        try:
+            tier = min(r.tier for r in self._waiting)
+            group = [r for r in self._waiting if r.tier == tier]
+            if self.strict:
+                for r in group:
+                    self._run([r], alone=True)
+            else:
+                self._run(group, alone=len(self._running) <= 1)
+            self._waiting = [r for r in self._waiting if not r.finished]
+        finally:
+            self._busy = False
+            self.lock.notify_all()
+
+    def _run(self, group: list[_Request], *, alone: bool) -> None:
+        """One batch of ``group`` on their model; a long request gives :data:`PROMPT_CHUNK`
+        tokens of itself unless it runs ``alone``."""
+        model = group[0].model
+        pieces: list[tuple[_Request, Part, list[int]]] = []
+        for r in group:
+            take = r.left if alone or r.left <= PROMPT_CHUNK else PROMPT_CHUNK
+            lo, hi = r.done, r.done + take
+            at = [i - lo for i in r.want if lo <= i < hi]
+            pieces.append((r, Part(r.part.seq, r.part.tokens[lo:hi], at), at))
+        chunk = max((r.chunk for r in group), default=0)
+        t0 = time.perf_counter()
+        try:
+            rows = model.eval_parts([p for _, p, _ in pieces], chunk=chunk)
+        except BaseException as e:  # every slot in this batch hears it, and goes on without it
+            for r in group:
+                r.error, r.finished = e, True
+            return
+        seconds = time.perf_counter() - t0
+        total = sum(len(p.tokens) for _, p, _ in pieces) or 1
+        self.counters.batches += 1
+        self.counters.slots_in_batches += len(group)
+        self.counters.tokens[self.names[group[0].tier]] += total
+        self.counters.seconds += seconds
+        for (r, piece, at), got in zip(pieces, rows, strict=True):
+            _charge(r.timer, len(piece.tokens), seconds * len(piece.tokens) / total)
+            if r.rows is None:
+                r.rows = np.empty((len(r.want), model.n_vocab), dtype=np.float32)
+            first = r.want.index(at[0] + r.done) if at else 0
+            r.rows[first : first + len(at)] = got
+            r.done += len(piece.tokens)
+            if r.left == 0:
+                r.rows = r.part.ordered(r.rows, r.want)
+                r.finished = True
+
+
+def _charge(timer: EvalTimer, tokens: int, seconds: float) -> None:
+    """Count a slot's share of one batch on its own timer."""
+    timer.n_evals += 1
+    timer.n_tokens += tokens
+    timer.seconds += seconds

@@ -1,0 +1,96 @@
+"""``GET /metrics``: the server's counters in Prometheus's text format, like llama-server's.
+
+llama-server names its metrics ``llamacpp:...`` (``tools/server/server.cpp``, ``/metrics``);
+ours are ``pyramid_gguf:...`` with the same meanings where they exist there (prompt and
+predicted tokens and seconds, decode calls, busy slots per decode, requests processing and
+deferred) and a few of our own (batched tokens per tier, tokens per second now, 503s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..decoding.runtime.slots import SlotPool
+from .jobs import JobQueue
+
+PREFIX = "pyramid_gguf:"
+#: Prometheus's text exposition format.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its name (without :data:`PREFIX`), kind, help text and samples (label
+    text, value)."""
+
+    name: str
+    kind: str
+    help: str
+    samples: tuple[tuple[str, float], ...]
+
+    def render(self) -> str:
+        full = PREFIX + self.name
+        lines = [f"# HELP {full} {self.help}", f"# TYPE {full} {self.kind}"]
+        lines += [f"{full}{labels} {_number(value)}" for labels, value in self.samples]
+        return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def _one(name: str, kind: str, help: str, value: float) -> Metric:
+    return Metric(name, kind, help, (("", value),))
+
+
+def collect(queue: JobQueue, slots: SlotPool) -> list[Metric]:
+    """Every metric, read now (the counters are read without stopping the engine)."""
+    t = queue.totals
+    c = slots.batcher.counters
+    busy = slots.busy
+    per_tier = tuple((f'{{tier="{name}"}}', float(n)) for name, n in c.tokens.items())
+    cached = sum(len(m.model.held(s.seq)) for s in slots.slots for m in slots.ladder.models)
+    return [
+        _one("prompt_tokens_total", "counter", "Prompt tokens evaluated.", t.prompt_evaluated),
+        _one("prompt_seconds_total", "counter", "Prompt processing time.", t.prompt_seconds),
+        _one("tokens_predicted_total", "counter", "Generated tokens.", t.generated_tokens),
+        _one(
+            "tokens_predicted_seconds_total",
+            "counter",
+            "Generation time, summed over requests.",
+            t.generation_seconds,
+        ),
+        _one("n_decode_total", "counter", "Batches evaluated (every tier).", c.batches),
+        _one(
+            "n_busy_slots_per_decode",
+            "gauge",
+            "Average requests per batch.",
+            c.slots_in_batches / c.batches if c.batches else 0.0,
+        ),
+        Metric("batch_tokens_total", "counter", "Tokens evaluated in batches, by tier.", per_tier),
+        _one("decode_seconds_total", "counter", "Time inside llama_decode.", c.seconds),
+        _one(
+            "tokens_per_second",
+            "gauge",
+            "Tokens generated per second by all requests, over the last 10 s.",
+            queue.tokens_per_second(),
+        ),
+        _one("kv_cache_tokens", "gauge", "Tokens held in every tier's KV cache.", cached),
+        _one("slots", "gauge", "Parallel slots.", slots.n_slots),
+        _one("requests_processing", "gauge", "Requests holding a slot.", busy),
+        _one(
+            "requests_deferred",
+            "gauge",
+            "Admitted requests waiting for a slot.",
+            max(queue.in_flight - busy, 0),
+        ),
+        _one("queue_size", "gauge", "Requests admitted at once (more get 503).", queue.queue_size),
+        _one("requests_completed_total", "counter", "Requests answered.", queue.completed),
+        _one("requests_cancelled_total", "counter", "Requests cancelled.", queue.cancelled),
+        _one("requests_rejected_total", "counter", "Requests refused with 503.", t.rejected),
+    ]
+
+
+def render(queue: JobQueue, slots: SlotPool) -> str:
+    """The ``/metrics`` body."""
+    return "\n".join(m.render() for m in collect(queue, slots)) + "\n"
