@@ -34,6 +34,7 @@ from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.decoding.pricing import policy
 from pyramid_gguf.decoding.pricing.chains import ladder_chains
 from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.runtime import batcher as batcher_module
 from pyramid_gguf.decoding.runtime.batcher import Load
 from pyramid_gguf.native import NativeModel, Part
 
@@ -184,6 +185,41 @@ def test_concurrent_sampled_tokens_follow_the_target_distribution(
         sampled = firsts[:, 0] * n_vocab + firsts[:, 1]
         assert p.slots.batcher.counters.slots_in_batches > p.slots.batcher.counters.batches
         assert chi_square_pvalue(sampled, joint(p.ladder.target, prompt)) > 0.001
+
+
+def test_a_long_prompt_joins_in_chunks_while_others_decode(
+    ladder: Callable[..., Pyramid], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt of 90 tokens joining a running generation is evaluated 16 tokens per batch,
+    and the running stream gets a token from each of those batches."""
+    monkeypatch.setattr(batcher_module, "PROMPT_CHUNK", 16)
+    with ladder("target") as p:
+        counters = p.slots.batcher.counters
+        seen: list[int] = []  # the batch count at each token of the running stream
+        long_prompt = [1, *range(5, 95)]
+        joined: list[int] = []
+
+        def running() -> None:
+            for _ in p.stream([1, 5, 9], GREEDY.with_(max_tokens=60)):
+                seen.append(counters.batches)
+                if len(seen) == 5:
+                    threading.Thread(target=joining).start()
+
+        def joining() -> None:
+            joined.append(counters.batches)
+            steps = p.stream(long_prompt, GREEDY.with_(max_tokens=2))
+            next(steps)
+            joined.append(counters.batches)
+            steps.close()
+
+        t = threading.Thread(target=running)
+        t.start()
+        t.join(timeout=60)
+        time.sleep(0.5)
+        start, first = joined
+        during = [b for b in seen if start < b <= first]
+        assert first - start >= 90 // 16, "the prompt was not split into chunks"
+        assert len(during) >= 90 // 16 - 1, "the running stream stalled behind the prompt"
 
 
 # --- the slot pool -------------------------------------------------------------------------------
