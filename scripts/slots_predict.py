@@ -220,10 +220,10 @@ def curves(
         return f"{layers}/{models[tier].n_layer + 1}"
 
     layers = (
-        f"T {frac('target', t_alone)} | D {frac(draft_tier, d_two)} + T {frac('target', t_two)}"
+        f"T {frac('target', t_alone)} / D {frac(draft_tier, d_two)} + T {frac('target', t_two)}"
     )
     kv_alone, kv_two = alone.plan.load.type_k, two.plan.load.type_k
-    kv = kv_alone if kv_two == kv_alone else f"{kv_alone} | {kv_two}"
+    kv = kv_alone if kv_two == kv_alone else f"{kv_alone} / {kv_two}"
     return Curves(of("target", t_alone), of("target", t_two), of(draft_tier, d_two), layers, kv)
 
 
@@ -322,7 +322,7 @@ def run(
 
 def markdown(rows: Sequence[Row]) -> str:
     head = (
-        "| slots | keep | GPU layers (plain | spec), KV | plain tok/s | batch-priced k | "
+        "| slots | keep | GPU layers (plain / spec), KV | plain tok/s | batch-priced k | "
         "batch-priced tok/s | ratio | solo-priced k | solo k at N: tok/s | ratio |"
     )
     lines = [head, "|" + "---|" * 10]

@@ -192,26 +192,25 @@ class SlotPool:
 
 
 def choose(free: Sequence[Slot], prompt: Sequence[int]) -> Slot:
-    """The free slot that reuses the most of its cache for ``prompt`` and throws away the
-    least: the longest cache that ``prompt`` continues (an empty one continues anything: a
-    conversation's next turn finds its own slot, and a new one takes an empty slot rather than
-    another conversation's); a cache that would be cut only where that reuses more of the
-    prompt and at least half of it; the least recently used among equals (llama-server picks
-    by prompt similarity, then least recently used)."""
+    """The free slot whose cache serves ``prompt`` best: the longest cache that ``prompt``
+    continues (an empty one continues anything, so a conversation's next turn finds its own
+    slot and a new conversation takes an empty slot rather than another's), unless cutting
+    another cache reuses more than it throws away; with no cache to continue, the one that
+    reuses the most for the least thrown away. The least recently used among equals
+    (llama-server picks by prompt similarity, then least recently used)."""
     reuse = {s.seq: s.reuse(prompt) for s in free}
 
-    def continued(s: Slot) -> tuple[int, int]:
+    def net(s: Slot) -> tuple[int, int]:
         kept, lost = reuse[s.seq]
-        return (kept if lost == 0 else -1), -s.last_used
+        return kept - lost, -s.last_used
 
-    def cut(s: Slot) -> tuple[int, int]:
-        return reuse[s.seq][0], -s.last_used
-
-    best, most = max(free, key=continued), max(free, key=cut)
-    kept = reuse[best.seq][0] if reuse[best.seq][1] == 0 else -1
-    if reuse[most.seq][0] > kept and 2 * reuse[most.seq][0] >= len(prompt):
-        return most
-    return best if kept >= 0 else min(free, key=lambda s: s.last_used)
+    cut = max(free, key=net)
+    going_on = [s for s in free if reuse[s.seq][1] == 0]
+    if not going_on:
+        return cut
+    best = max(going_on, key=lambda s: (reuse[s.seq][0], -s.last_used))
+    kept, lost = reuse[cut.seq]
+    return cut if kept > lost and kept > reuse[best.seq][0] else best
 
 
 def _slot_ladder(ladder: Ladder, seq: int, batcher: Batcher) -> Ladder:
