@@ -243,4 +243,3 @@ class NativeModel:
     def describe_weights(self) -> str:
         """Where the weights are: ``CPU_REPACK 748.0 MiB, CPU_Mapped 313.5 MiB (extra ...)``."""
         return f"{describe_buffers(self.weight_buffers)} ({self.placement.describe()})"
-
