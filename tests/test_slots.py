@@ -6,10 +6,12 @@
   (bit-identical under ``--strict-identity``; up to near-ties of the batch kernels otherwise),
   for every lossless mode; sampled ones follow the target's distribution (chi-square); their
   model calls really share batches.
-- Slots: a prompt goes to the slot that already holds its prefix; a request cancelled while
-  waiting for a slot leaves at once; calibration waits for every slot to be free.
+- Slots: a long prompt joins in chunks while others decode; a prompt goes to the slot whose
+  cache it continues (a new conversation to an empty slot); a request cancelled while waiting
+  for a slot leaves at once; calibration waits for every slot to be free.
 - Pricing: ``auto`` in a batch prices a slot's tokens at the margin of the combined batch and
-  turns speculation off where the batch already uses what a block would.
+  turns speculation off where the batch already uses what a block would (a CPU beside three
+  busy slots), not where extra tokens are nearly free (a GPU); alone it speculates as before.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import TINY_LOAD
-from lossless import TINY_TIE, assert_same_or_near_tie, kernel_atol
+from lossless import TINY_TIE, assert_same_or_near_tie, kernel_atol, shaped_costs
 from test_acceptance import chi_square_pvalue
 from test_lossless import HOT, SEEDS, joint
 
@@ -36,6 +39,10 @@ from pyramid_gguf.decoding.pricing.chains import ladder_chains
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.runtime import batcher as batcher_module
 from pyramid_gguf.decoding.runtime.batcher import Load
+from pyramid_gguf.decoding.runtime.engine import decode, make_rounds
+from pyramid_gguf.decoding.runtime.sampling import Sampler
+from pyramid_gguf.decoding.runtime.slots import Slot, choose
+from pyramid_gguf.decoding.runtime.stats import GenerationStats
 from pyramid_gguf.native import NativeModel, Part
 
 SLOTS = 4
@@ -237,6 +244,33 @@ def test_a_prompt_goes_to_the_slot_that_holds_its_prefix(ladder: Callable[..., P
         assert stats.prompt_evaluated < len(a)  # which was reused
 
 
+def _slots(*caches: list[int]) -> list[Slot]:
+    """Slots whose target caches hold ``caches`` (only what :func:`choose` reads)."""
+    out = []
+    for seq, held in enumerate(caches):
+        model = SimpleNamespace(tokens=held)
+        ladder = SimpleNamespace(target=SimpleNamespace(model=model))
+        out.append(Slot(seq, ladder, last_used=seq))  # type: ignore[arg-type]
+    return out
+
+
+def test_slot_choice_keeps_conversations() -> None:
+    system = list(range(100, 124))  # a long shared system prompt
+    chat_a = [*system, 1, 2, 3, *range(500, 600)]  # a finished conversation: prompt and answer
+    empty, a = _slots([], chat_a)[0], _slots([], chat_a)[1]
+    # a new conversation sharing the system prompt: the empty slot, not a's
+    assert choose([empty, a], [*system, 7, 8]).seq == empty.seq
+    # a's next turn continues its cache: a's slot, even though an empty one is free
+    assert choose([empty, a], [*chat_a, 9, 9]).seq == a.seq
+    # a regenerated short answer: cutting reuses more than it throws away
+    short = [*system, 1, 2, 3, 50, 51]
+    slots = _slots([], short)
+    assert choose(slots, [*system, 1, 2, 3]).seq == 1
+    # no cache to continue: the one that throws away least for what it reuses, then LRU
+    full = _slots([5, 6, 7], [*system, 4], [*system, 4])
+    assert choose(full, [*system, 9]).seq == 1
+
+
 def test_cancelled_while_waiting_for_a_slot(ladder: Callable[..., Pyramid]) -> None:
     with ladder("target") as p:
         held = [p.slots.acquire([1]) for _ in range(SLOTS)]
@@ -305,11 +339,54 @@ def test_a_draft_that_pays_alone_may_not_pay_in_a_batch(
     assert solo is not None
     assert (solo.rate >= policy.MIN_GAIN * policy.plain(target, 0.0).rate) is alone
     rest = Load(size=3, tokens=3.0, slots=3)
-    batch = policy.Batch(rest.tokens, target(rest.size))
+    batch = policy.Batch(rest.tokens, target(rest.size), rest.slots)
     shifted = {**costs, "target": target.after(rest.size)}
     best = chain.price(shifted, ((0.7, 0.7),), 8, overhead=0.0, batch=batch).best
     base = policy.plain(shifted["target"], 0.0, batch=batch)
     assert best is not None
-    assert (best.rate >= policy.MIN_GAIN * base.rate) is in_batch
+    assert (best.rate >= batch.factor(policy.MIN_GAIN) * base.rate) is in_batch
     # the batch's rate is what is compared: three plain slots and this one's option
     assert base.rate == pytest.approx(4 / target(4))
+
+
+class _Rest:
+    """A fixed batch for one generation's ``auto``: ``others`` plain slots beside it."""
+
+    def __init__(self, others: int) -> None:
+        self.others = others
+        self.reports: list[tuple[int, int]] = []
+
+    def load(self) -> Load:
+        return Load(size=self.others, tokens=float(self.others), slots=self.others)
+
+    def report(self, size: int, committed: int) -> None:
+        self.reports.append((size, committed))
+
+
+@pytest.mark.parametrize(
+    ("per_token", "others", "speculates"),
+    [(0.25, 0, True), (0.25, 3, False), (0.02, 3, True)],
+    ids=["cpu-alone", "cpu-beside-three", "gpu-beside-three"],
+)
+def test_auto_in_a_batch_speculates_only_where_the_batch_gains(
+    pyramid: Pyramid, per_token: float, others: int, speculates: bool
+) -> None:
+    """The engine's ``auto`` with a batch beside it: on a CPU-like curve it drafts alone and
+    decodes plainly beside three busy slots; on a GPU-like curve it drafts either way. Each
+    round reports what it brought to the batch."""
+    costs = shaped_costs(pyramid, per_token=per_token, draft=0.1)
+    rest = _Rest(others)
+    stats = GenerationStats(mode="auto")
+    sampler = Sampler(GREEDY)
+    spec = SpecConfig(mode="auto")
+    rounds, prefill = make_rounds(
+        pyramid.ladder, spec, sampler, stats, costs=costs, load=rest if others else None
+    )
+    prompt = pyramid.tokenize("the model of the tree")
+    tokens = list(decode(pyramid.ladder, prompt, rounds, prefill, sampler, stats))
+    assert stats.auto is not None
+    chains = set(stats.auto.choices)
+    assert (chains != {"target"}) is speculates, chains
+    if others:
+        assert sum(c for _, c in rest.reports) == len(tokens) - 1  # every round after the first
+        assert all(size >= committed for size, committed in rest.reports)

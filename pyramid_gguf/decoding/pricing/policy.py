@@ -66,10 +66,17 @@ class Batch:
     :meth:`~.costs.CostCurve.after`), and an option's rate is the whole batch's, so a round
     speculates only where that raises the batch's tokens per second (Dinkelbach's ratio test:
     a bet whose extra tokens per extra second fall below the batch's own rate slows everyone).
+    ``slots``: how many other sequences; a gain a single sequence must show (:data:`MIN_GAIN`,
+    :data:`CONFIDENT_GAIN`) is asked of its share of the batch (:meth:`factor`).
     """
 
     tokens: float = 0.0
     seconds: float = 0.0
+    slots: int = 0
+
+    def factor(self, gain: float) -> float:
+        """The batch's rate gain that is ``gain`` for one of its ``slots + 1`` sequences."""
+        return 1.0 + (gain - 1.0) / (self.slots + 1)
 
 
 #: A sequence alone.
@@ -118,20 +125,23 @@ class Budget:
     nothing costs its ``seconds`` for one token, losing ``seconds - base.seconds``: allowed up
     to ``savings``, and up to ``savings`` plus one plain token's time when it promises
     :data:`CONFIDENT_GAIN`. So a generation never loses more than one token's time beyond
-    what it earned.
+    what it earned. In a batch of parallel slots, ``seconds`` are what a round adds to the
+    batch's step, the gains are asked of this sequence's share (:meth:`Batch.factor`), and
+    the stake is one step of the batch.
     """
 
     base: Option
     savings: float = math.inf
 
     def allows(self, option: Option) -> bool:
-        loss = option.seconds - self.base.seconds
-        stake = self.base.seconds if option.rate >= CONFIDENT_GAIN * self.base.rate else 0.0
-        return loss <= self.savings + stake
+        base = self.base
+        loss = option.seconds - base.seconds
+        confident = option.rate >= base.batch.factor(CONFIDENT_GAIN) * base.rate
+        return loss <= self.savings + (base.seconds + base.batch.seconds if confident else 0.0)
 
     def worth(self, option: Option) -> bool:
         """Whether ``option`` beats plain decoding by :data:`MIN_GAIN` (budget aside)."""
-        return option.rate >= MIN_GAIN * self.base.rate
+        return option.rate >= self.base.batch.factor(MIN_GAIN) * self.base.rate
 
 
 @dataclass
@@ -203,9 +213,10 @@ def best_block(
     # ``staked`` at ``confident`` rates
     base, savings, staked, confident, worth = 0.0, math.inf, math.inf, math.inf, math.inf
     if budget is not None:
-        base, savings = budget.base.seconds, budget.savings
-        staked = savings + base
-        confident, worth = CONFIDENT_GAIN * budget.base.rate, MIN_GAIN * budget.base.rate
+        plain, savings = budget.base, budget.savings
+        base, staked = plain.seconds, savings + plain.seconds + plain.batch.seconds
+        confident = plain.batch.factor(CONFIDENT_GAIN) * plain.rate
+        worth = plain.batch.factor(MIN_GAIN) * plain.rate
     shared_t, shared_s = batch.tokens, batch.seconds
     for k, (t, s) in enumerate(zip(tokens, seconds, strict=True), start=1):
         rate = (t + shared_t) / (s + shared_s) if s + shared_s > 0 else 0.0
@@ -307,6 +318,10 @@ def choose(base: Option, options: Iterable[Option | None]) -> Option:
     """The best option; ``base`` (plain decoding) unless another beats it by :data:`MIN_GAIN`."""
     best = base
     for option in options:
-        if option is not None and option.rate > best.rate and option.rate >= MIN_GAIN * base.rate:
+        if (
+            option is not None
+            and option.rate > best.rate
+            and option.rate >= base.batch.factor(MIN_GAIN) * base.rate
+        ):
             best = option
     return best

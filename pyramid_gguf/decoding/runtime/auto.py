@@ -216,7 +216,8 @@ class AutoRounds:
             return self.costs, policy.SOLO
         c_t = self.costs["target"]
         costs = {**self.costs, "target": c_t.after(rest.size)}
-        return costs, policy.Batch(rest.tokens, c_t(rest.size) + rest.slots * self.overhead)
+        seconds = c_t(rest.size) + rest.slots * self.overhead
+        return costs, policy.Batch(rest.tokens, seconds, rest.slots)
 
     # --- running ---------------------------------------------------------------------------
 
@@ -261,7 +262,7 @@ class AutoRounds:
     def _shadow(self, committed: Sequence[int], match: Match, option: Option, base: Option) -> None:
         """Keep the n-gram block this plain round did not propose (``option``: its best block
         without a budget), when it was worth it."""
-        if option.rate >= policy.MIN_GAIN * base.rate:
+        if option.rate >= base.batch.factor(policy.MIN_GAIN) * base.rate:
             self.shadows.append(Shadow(len(committed), match, option))
 
     def _settle(self, committed: Sequence[int], base: Option) -> None:
