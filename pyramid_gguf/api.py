@@ -11,6 +11,7 @@ bodies are built on top of this, in :mod:`pyramid_gguf.serving.openai`.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,8 +87,9 @@ class Pyramid:
 
     It holds ``LoadConfig.parallel`` slots (:class:`~.decoding.runtime.slots.SlotPool`): that
     many threads may each :meth:`stream` at once, their model calls evaluated together in one
-    batch per tier; more wait for a free slot. A stream holds its slot until it ends, and the
-    others' batches wait for it between the tokens it yields: read it promptly (or close it).
+    batch per tier; more wait for a free slot. Each generation runs on a thread of its own,
+    ahead of its reader, so a reader that is slow (or reads two streams in turn) holds up
+    nobody; closing a stream ends its generation at the next token.
     ``share_ngrams``: the n-gram drafter also searches this object's earlier generations (the
     server turns it on).
     """
@@ -321,13 +323,55 @@ class Pyramid:
             if grammar is not None:
                 check_grammar(grammar)  # a one-line error before anything runs
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        steps: queue.SimpleQueue[Response | BaseException | None] = queue.SimpleQueue()
+        gone = threading.Event()  # the reader closed the stream
+
+        def produce() -> None:
+            try:
+                args = (tokens, sampling, spec, logprobs, special)
+                for step in self._generate(*args, cancel=cancel, gone=gone):
+                    steps.put(step)
+            except BaseException as e:  # the reader raises it
+                steps.put(e)
+            finally:
+                steps.put(None)
+
+        producer = threading.Thread(target=produce, name="pyramid-stream", daemon=True)
+        producer.start()
+        try:
+            while (item := steps.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            gone.set()
+            producer.join()  # it stops at its next token and gives its slot back
+
+    def _generate(
+        self,
+        tokens: list[int],
+        sampling: SamplingConfig,
+        spec: SpecConfig,
+        logprobs: int | None,
+        special: bool,
+        *,
+        cancel: threading.Event | None,
+        gone: threading.Event,
+    ) -> Iterator[Response]:
+        """The steps of :meth:`stream`, on its producer thread: a slot, a generation on it, its
+        text and log-probabilities; ends at ``cancel`` (or when the reader is ``gone``) at the
+        next token."""
         stats = GenerationStats(mode=spec.mode)
         text = TextStream(sampling.stop)
         vocab = self.ladder.target.vocab
         costs = self._costs() if spec.info.auto else None
         if self.ladder.target.model.cfg.strict_identity:
             self._calibrate(False, None)  # the identity probe sets the target's micro-batch
-        slot = self.slots.acquire(tokens, cancel)
+
+        def stopped() -> bool:
+            return gone.is_set() or (cancel is not None and cancel.is_set())
+
+        slot = self.slots.acquire(tokens, stopped)
         if slot is None:  # cancelled while waiting for a slot
             yield Response("", [], "cancelled", stats)
             return
@@ -357,7 +401,7 @@ class Pyramid:
                                 yield Response(delta, [token], None, stats, lp)
                             break
                         yield Response(delta, [token], None, stats, lp)
-                        if cancel is not None and cancel.is_set():
+                        if stopped():
                             stats.finish_reason = "cancelled"
                             break
                 finally:

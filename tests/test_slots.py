@@ -229,6 +229,32 @@ def test_a_long_prompt_joins_in_chunks_while_others_decode(
         assert len(during) >= 90 // 16 - 1, "the running stream stalled behind the prompt"
 
 
+def test_a_slow_reader_holds_up_nobody(ladder: Callable[..., Pyramid]) -> None:
+    """Generations run ahead of their readers: one reader pausing between tokens does not slow
+    another stream, and two streams read in turn by one thread both finish."""
+    with ladder("target") as p:
+        prompts = [p.tokenize(t) for t in PROMPTS[:2]]
+        sampling = GREEDY.with_(max_tokens=30)
+        solo = [p.generate(pr, sampling).token_ids for pr in prompts]
+        slow = p.stream(prompts[0], sampling)
+        next(slow)  # its generation runs; its reader pauses here
+        t0 = time.monotonic()
+        fast = p.generate(prompts[1], sampling)
+        assert time.monotonic() - t0 < 10 and fast.token_ids == solo[1]
+        rest = [t for r in slow for t in r.token_ids]
+        assert len(rest) == len(solo[0]) - 1
+        # Two streams read in turn by one thread.
+        a, b = p.stream(prompts[0], sampling), p.stream(prompts[1], sampling)
+        got: list[list[int]] = [[], []]
+        for ra, rb in zip(a, b, strict=False):
+            got[0] += ra.token_ids
+            got[1] += rb.token_ids
+        got[0] += [t for r in a for t in r.token_ids]
+        got[1] += [t for r in b for t in r.token_ids]
+        for g, want, pr in zip(got, solo, prompts, strict=True):
+            assert_same_or_near_tie(p, pr, g, want, TINY_TIE)
+
+
 # --- the slot pool -------------------------------------------------------------------------------
 
 

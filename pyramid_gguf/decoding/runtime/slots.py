@@ -14,7 +14,7 @@ slot.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -146,14 +146,16 @@ class SlotPool:
         """Slots running a request now."""
         return sum(s.busy for s in self.slots)
 
-    def acquire(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> Slot | None:
-        """A free slot for ``prompt`` (waiting for one; None when ``cancel`` is set while
-        waiting): :func:`choose`'s."""
+    def acquire(
+        self, prompt: Sequence[int], stopped: Callable[[], bool] | None = None
+    ) -> Slot | None:
+        """A free slot for ``prompt`` (waiting for one; None when ``stopped()`` turns true
+        while waiting): :func:`choose`'s."""
         with self._cond:
             while self._exclusive or all(s.busy for s in self.slots):
-                if cancel is not None and cancel.is_set():
+                if stopped is not None and stopped():
                     return None
-                self._cond.wait(timeout=0.1 if cancel is not None else None)
+                self._cond.wait(timeout=0.1 if stopped is not None else None)
             slot = choose([s for s in self.slots if not s.busy], prompt)
             self._taken += 1
             slot.busy, slot.last_used = True, self._taken
