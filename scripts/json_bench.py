@@ -5,9 +5,11 @@ with its JSON schema) and every repeat, in turn: our constrained ``target`` (pla
 under the schema), our constrained ``auto`` (forced tokens as free drafts, the n-gram drafter
 and the ladder's models where they pay), and llama-cpp-python's ``create_chat_completion`` with
 ``response_format={"type": "json_object", "schema": ...}`` (llama.cpp's GBNF sampler) on the
-target file. Greedy, the same chat template. Prints generation tok/s (prompt processing
-excluded on every side), each side's speed over our constrained target, whether every answer
-parsed and validated, forced tokens, and our grammar time per token against a target step.
+target file. Greedy, the same chat template, the same attention kernel on both sides
+(``--flash-attn``, default off: llama-cpp-python's own default). Prints generation tok/s (prompt
+processing excluded on every side), each side's speed over our constrained target, whether
+every answer parsed and validated, forced tokens, and our grammar time per token against a
+target step.
 
     python scripts/json_bench.py                       # the default ladder's 1.5B target
     python scripts/json_bench.py --repeats 3 --json out.json
@@ -28,7 +30,7 @@ from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.bench.prompts import load_prompt_sets
 
 
-def llama_cpp_python(path: Path, threads: int, n_ctx: int) -> Any:
+def llama_cpp_python(path: Path, threads: int, n_ctx: int, flash_attn: bool) -> Any:
     """llama-cpp-python's own ``Llama`` on ``path`` (CPU, ``threads`` threads)."""
     import llama_cpp
 
@@ -38,6 +40,7 @@ def llama_cpp_python(path: Path, threads: int, n_ctx: int) -> Any:
         n_threads=threads,
         n_threads_batch=threads,
         n_gpu_layers=0,
+        flash_attn=flash_attn,
         verbose=False,
     )
 
@@ -80,14 +83,20 @@ def main() -> None:
     ap.add_argument("-n", "--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", dest="json_out", type=Path, default=None)
+    ap.add_argument(
+        "--flash-attn", choices=("on", "off"), default="off", help="both sides' attention kernel"
+    )
     args = ap.parse_args()
-    load = LoadConfig(n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads)
+    flash = args.flash_attn == "on"
+    load = LoadConfig(
+        n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads, flash_attn=flash
+    )
     prompts = load_prompt_sets(["json"])
     sides = ("target", "auto", "llama-cpp-python")
     rows: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     with Pyramid.from_preset(args.preset, load=load) as p:
         step = p.costs()["target"](1)
-        llm = llama_cpp_python(p.ladder.target.model.path, args.threads, 4096)
+        llm = llama_cpp_python(p.ladder.target.model.path, args.threads, 4096, flash)
         for r in range(args.repeats):
             for q in prompts:
                 assert q.schema is not None
