@@ -100,6 +100,7 @@ class Slot:
 
     seq: int
     ladder: Ladder
+    batcher: Batcher | None = None
     busy: bool = False
     #: Requests this slot has served.
     served: int = 0
@@ -115,15 +116,12 @@ class Slot:
 
     def load(self) -> Load:
         """The rest of the batch, as this slot sees it."""
-        batcher = _views(self.ladder)[0].batcher
-        return batcher.load(self.seq)
+        return self.batcher.load(self.seq) if self.batcher is not None else Load()
 
     def report(self, size: int, committed: int) -> None:
-        _views(self.ladder)[0].batcher.report(self.seq, size, committed)
-
-
-def _views(ladder: Ladder) -> list[SlotModel]:
-    return [m.model for m in ladder.models if isinstance(m.model, SlotModel)]
+        """This slot's round brought ``size`` tokens to the target, committed ``committed``."""
+        if self.batcher is not None:
+            self.batcher.report(self.seq, size, committed)
 
 
 class SlotPool:
@@ -135,7 +133,8 @@ class SlotPool:
         self.n_slots = min(m.model.n_seq for m in models)
         self.batcher = Batcher([m.model for m in models], [m.name for m in models])
         self.slots = [
-            Slot(seq, _slot_ladder(ladder, seq, self.batcher)) for seq in range(self.n_slots)
+            Slot(seq, _slot_ladder(ladder, seq, self.batcher), self.batcher)
+            for seq in range(self.n_slots)
         ]
         self._cond = threading.Condition()
         self._exclusive = False
