@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 import zipfile
@@ -143,3 +144,18 @@ def hf_tier_toml(preset: str, repo: str, file: str, sha256: str | None = None) -
         f'[presets."{preset}"]\nmode = "target"\n\n[presets."{preset}".target]\n'
         f'source = "hf"\nrepo = "{repo}"\nfile = "{file}"\nrevision = "main"\n{sha}\n'
     )
+
+
+def hub_env(url: str, tmp_path: Path, toml: Path) -> dict[str, str]:
+    """The environment of a process that fetches from the local hub at ``url`` (presets from
+    ``toml``, caches under ``tmp_path``), never from the network."""
+    return {
+        **os.environ,
+        "HF_ENDPOINT": url,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_OFFLINE": "0",
+        "PYRAMID_GGUF_MODELS": str(toml),
+        "PYRAMID_GGUF_HOME": str(tmp_path / "home"),
+    }

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hub_server import HubServer, hf_tier_toml, make_chunk_wheels
+from hub_server import HubServer, hf_tier_toml, hub_env, make_chunk_wheels
 
 from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.models.fetch import assemble_pypi
@@ -42,16 +41,7 @@ def hub(tmp_path: Path):
             + hf_tier_toml("bad", REPO, "bad.gguf", SHA)
             + hf_tier_toml("absent", REPO, "absent.gguf")
         )
-        server.env = {  # type: ignore[attr-defined]
-            **os.environ,
-            "HF_ENDPOINT": server.url,
-            "HF_HOME": str(tmp_path / "hf"),
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_OFFLINE": "0",
-            "PYRAMID_GGUF_MODELS": str(toml),
-            "PYRAMID_GGUF_HOME": str(tmp_path / "home"),
-        }
+        server.env = hub_env(server.url, tmp_path, toml)  # type: ignore[attr-defined]
         yield server
 
 

@@ -5,7 +5,6 @@ with no model file and no network."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,7 +14,7 @@ from typing import Any
 import huggingface_hub.constants
 import pytest
 from click.testing import CliRunner
-from hub_server import HubServer, hf_tier_toml
+from hub_server import HubServer, hf_tier_toml, hub_env
 from synth import TinySpec, write_tiny_llama
 
 from pyramid_gguf.cli.main import main
@@ -208,16 +207,7 @@ def hub(tmp_path: Path) -> Any:
         server.state.files[("tester/big-GGUF", "big.gguf")] = model.read_bytes() + bytes(40 << 20)
         toml = tmp_path / "models.toml"
         toml.write_text(hf_tier_toml("hubbed", "tester/big-GGUF", "big.gguf"))
-        env = {
-            **os.environ,
-            "HF_ENDPOINT": server.url,
-            "HF_HOME": str(tmp_path / "hf"),
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_OFFLINE": "0",
-            "PYRAMID_GGUF_MODELS": str(toml),
-            "PYRAMID_GGUF_HOME": str(tmp_path / "home"),
-        }
+        env = hub_env(server.url, tmp_path, toml)
         yield server, env, model
 
 

@@ -35,6 +35,7 @@ from click.testing import CliRunner
 from conftest import TINY_LOAD
 from lossless import shaped_costs
 from test_acceptance import chi_square_pvalue
+from test_rough_edges import one_error_line
 from test_server import live_server
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
@@ -346,13 +347,6 @@ def test_an_answer_cut_before_the_grammar_completes_ends_by_length(
 def run_cli(*args: str) -> tuple[int, str, str]:
     r = CliRunner().invoke(main, ["run", *args])
     return r.exit_code, r.stdout, r.stderr
-
-
-def one_error_line(code: int, err: str, *fragments: str) -> None:
-    assert code == 1, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), err
-    assert all(f in lines[0] for f in fragments), err
 
 
 def test_cli_takes_a_schema_a_gbnf_grammar_or_any_json(

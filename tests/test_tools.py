@@ -30,6 +30,7 @@ import pytest
 from conftest import TINY_LOAD
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from test_server import Live, live_server
+from test_structured import bad_request
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.core.errors import UserError
@@ -465,16 +466,6 @@ def tiny_post(server: str, body: dict[str, Any], path: str = "chat/completions")
     base: dict[str, Any] = {"max_tokens": 4, "temperature": 0}
     base |= {"messages": TINY_MESSAGES} if path == "chat/completions" else {"prompt": "the model"}
     return httpx.post(f"{server}/{path}", json={**base, **body}, timeout=60)
-
-
-def bad_request(r: httpx.Response, param: str | None, *fragments: str) -> None:
-    """A 400 in OpenAI's error shape, naming ``param`` and saying every fragment."""
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert error["type"] == "invalid_request_error" and error["param"] == param, error
-    assert all(f in error["message"] for f in fragments), error
-    assert "\n" not in error["message"]
 
 
 NO_NAME = {"type": "function", "function": {"description": "x", "parameters": {}}}
