@@ -146,7 +146,6 @@ class JobQueue:
         self.queue_size = queue_size
         self.workers = workers
         self.in_flight = 0
-        self.running = 0
         self.completed = 0
         self.cancelled = 0
         self.totals = Totals()
@@ -183,13 +182,10 @@ class JobQueue:
         return job
 
     def _run(self, job: Job) -> None:
-        with self._lock:
-            self.running += 1
         try:
             job.run()
         finally:
             with self._lock:
-                self.running -= 1
                 self.in_flight -= 1
                 self._jobs.discard(job)
                 if job.cancelled:

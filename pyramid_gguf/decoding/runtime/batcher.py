@@ -110,10 +110,6 @@ class Batcher:
             self._rounds.pop(seq, None)
             self.lock.notify_all()  # the others may all be waiting now
 
-    @property
-    def running(self) -> int:
-        return len(self._running)
-
     # --- pricing against the batch -----------------------------------------------------------
 
     def report(self, seq: int, size: int, committed: int) -> None:
@@ -170,32 +166,33 @@ class Batcher:
         """One batch of ``group`` on their model; a long request gives :data:`PROMPT_CHUNK`
         tokens of itself unless it runs ``alone``."""
         model = group[0].model
-        pieces: list[tuple[_Request, Part, list[int]]] = []
+        pieces: list[Part] = []
         for r in group:
             take = r.left if alone or r.left <= PROMPT_CHUNK else PROMPT_CHUNK
             lo, hi = r.done, r.done + take
             at = [i - lo for i in r.want if lo <= i < hi]
-            pieces.append((r, Part(r.part.seq, r.part.tokens[lo:hi], at), at))
+            pieces.append(Part(r.part.seq, r.part.tokens[lo:hi], at))
         chunk = max((r.chunk for r in group), default=0)
         t0 = time.perf_counter()
         try:
-            rows = model.eval_parts([p for _, p, _ in pieces], chunk=chunk)
+            rows = model.eval_parts(pieces, chunk=chunk)
         except BaseException as e:  # every slot in this batch hears it, and goes on without it
             for r in group:
                 r.error, r.finished = e, True
             return
         seconds = time.perf_counter() - t0
-        total = sum(len(p.tokens) for _, p, _ in pieces) or 1
+        total = sum(len(p.tokens) for p in pieces) or 1
         self.counters.batches += 1
         self.counters.slots_in_batches += len(group)
         self.counters.tokens[self.names[group[0].tier]] += total
         self.counters.seconds += seconds
-        for (r, piece, at), got in zip(pieces, rows, strict=True):
+        for r, piece, got in zip(group, pieces, rows, strict=True):
             _charge(r.timer, len(piece.tokens), seconds * len(piece.tokens) / total)
             if r.rows is None:
                 r.rows = np.empty((len(r.want), model.n_vocab), dtype=np.float32)
-            first = r.want.index(at[0] + r.done) if at else 0
-            r.rows[first : first + len(at)] = got
+            asked = piece.logits_at
+            first = r.want.index(asked[0] + r.done) if asked else 0
+            r.rows[first : first + len(asked)] = got
             r.done += len(piece.tokens)
             if r.left == 0:
                 r.rows = r.part.ordered(r.rows, r.want)
