@@ -14,6 +14,11 @@ Each point is the best of ``--repeats`` decodes after a 48-token prefix, every l
 
 from __future__ import annotations
 
+# llama.cpp's libraries load before numpy's (docs/ARCHITECTURE.md, "Loading order": a CUDA
+# model load segfaults in the GPU machines' PyTorch environment when numpy came first).
+from pyramid_gguf import native  # noqa: F401
+
+# isort: split
 import argparse
 import csv
 import json

@@ -8,8 +8,9 @@ PyPI chunk packages of MODELS.md through the project's own fetch code, cached un
 
 from __future__ import annotations
 
-# llama.cpp's libraries must load before numpy's (pyramid_gguf/__init__.py says why).
-import pyramid_gguf  # noqa: F401
+# llama.cpp's libraries load before numpy's (docs/ARCHITECTURE.md, "Loading order": a CUDA
+# model load segfaults in the GPU machines' PyTorch environment when numpy came first).
+from pyramid_gguf import native  # noqa: F401
 
 # isort: split
 from collections.abc import Iterator

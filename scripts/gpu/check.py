@@ -14,8 +14,9 @@ the load took (``nvidia-smi``, CUDA's own context included) in ``<out>/report.js
 
 from __future__ import annotations
 
-# llama.cpp's libraries must load before numpy's (pyramid_gguf/__init__.py says why).
-import pyramid_gguf  # noqa: F401
+# llama.cpp's libraries load before numpy's (docs/ARCHITECTURE.md, "Loading order": a CUDA
+# model load segfaults in the GPU machines' PyTorch environment when numpy came first).
+from pyramid_gguf import native
 
 # isort: split
 import argparse
@@ -32,7 +33,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_ladder import LADDERS, ladder_paths
 
-from pyramid_gguf import native
 from pyramid_gguf.core.ladder import LadderPaths
 from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.planning.memory import model_memory, parse_size

@@ -21,6 +21,11 @@ On a CPU build ``-ngl`` changes nothing: the run then only checks the script end
 
 from __future__ import annotations
 
+# llama.cpp's libraries load before numpy's (docs/ARCHITECTURE.md, "Loading order": a CUDA
+# model load segfaults in the GPU machines' PyTorch environment when numpy came first).
+from pyramid_gguf import native  # noqa: F401
+
+# isort: split
 import argparse
 import json
 from pathlib import Path

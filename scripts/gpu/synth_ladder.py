@@ -54,11 +54,18 @@ SHAPES = {  # from the real models' config.json
     "llama-8b": Shape("llama", 4096, 32, 32, 8, 14336, 128256, False, 500000.0),
     "qwen-0.5b": Shape("qwen2", 896, 24, 14, 2, 4864, 151936, True, 1e6, True),
     "qwen-1.5b": Shape("qwen2", 1536, 28, 12, 2, 8960, 151936, True, 1e6, True),
-    "qwen-7b": Shape("qwen2", 3584, 28, 28, 4, 18944, 151936, False, 1e6, True),
+    "qwen-3b": Shape("qwen2", 2048, 36, 16, 2, 11008, 151936, True, 1e6, True),
+    "qwen-7b": Shape("qwen2", 3584, 28, 28, 4, 18944, 152064, False, 1e6, True),
+    "qwen-14b": Shape("qwen2", 5120, 48, 40, 8, 13824, 152064, False, 1e6, True),
+    "qwen-32b": Shape("qwen2", 5120, 64, 40, 8, 27648, 152064, False, 1e6, True),
 }
 LADDERS = {
     "llama": ("llama-1b", "llama-3b", "llama-8b"),
     "qwen": ("qwen-0.5b", "qwen-1.5b", "qwen-7b"),
+    # Targets bigger than a consumer card (the big-target issue): the 0.5B draft and a
+    # qualifier whole on the GPU, the target split with most of its blocks in system RAM.
+    "qwen-32b": ("qwen-0.5b", "qwen-7b", "qwen-32b"),
+    "qwen-14b": ("qwen-0.5b", "qwen-3b", "qwen-14b"),
 }
 
 #: Per block type: bytes per block of 256 (or 32) weights, where the f16 scale(s) sit, and the
