@@ -1,7 +1,7 @@
 """pyramid-gguf: Pyramid speculative decoding (draft -> qualifier -> target) over llama.cpp.
 
 The public API (:class:`Pyramid` and its results) loads llama.cpp when first used, so the
-pure parts (``pyramid_gguf.decoding.runtime.acceptance``, the planner's arithmetic, the configs)
+pure parts (``pyramid_gguf.decoding.runtime.verification``, the planner's arithmetic, the configs)
 import without it.
 """
 

@@ -25,7 +25,7 @@ from . import native  # isort: skip
 # isort: split
 import numpy as np
 
-from .chat import ChatTemplate, Tool
+from .chat import CallStream, ChatTemplate, Tool, ToolCallFormat, ToolRequest, constraint
 from .core.errors import UserError
 from .core.ladder import LadderPaths, NGram
 from .core.load import LoadConfig
@@ -34,17 +34,35 @@ from .core.spec import SpecConfig
 from .core.textstream import TextStream
 from .decoding.pricing.costs import CostCurve
 from .decoding.runtime.calibrate import Calibration, calibrate
-from .decoding.runtime.engine import decode, make_guide, make_rounds
+from .decoding.runtime.engine import decode, make_guide, make_scheduler
 from .decoding.runtime.ngram import NGramPool
 from .decoding.runtime.sampling import Sampler, log_softmax, top_ids
-from .decoding.runtime.slots import SlotPool
-from .decoding.runtime.stats import GenerationStats
+from .decoding.runtime.slots import Job, PoolClosed, PoolSnapshot, QueueFull, SlotPool
+from .decoding.runtime.stats import GenerationStats, StageStats
 from .decoding.runtime.tiers import Ladder, load_ladder
 from .grammar import check_grammar
 from .models.resolve import resolve_ladder
 
+__all__ = [
+    "ChatPrompt",
+    "Completion",
+    "GenerationStats",
+    "Job",
+    "PoolClosed",
+    "PoolSnapshot",
+    "Prompt",
+    "Pyramid",
+    "QueueFull",
+    "Response",
+    "StageStats",
+    "TokenLogprob",
+]
+
 Prompt = str | Sequence[int]
 _DROPPED = np.zeros(0, dtype=np.float32)
+#: What a job's reader receives: each :class:`Response`, an exception that ended the
+#: generation, then this (the end).
+END = None
 
 
 @dataclass(frozen=True)
@@ -82,14 +100,39 @@ class Completion:
     prompt_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat turn ready to generate (:meth:`Pyramid.prepare_chat`): its prompt ``tokens``, the
+    ``sampling`` its answer runs with (the request's, plus a response format's or the tools'
+    grammar), and ``calls``, the tool-call format that reads calls out of the answer (None: no
+    tools). With tools the answer's text renders control tokens (``special``), which only the
+    call reader sees: :meth:`reader` turns the text into content and calls."""
+
+    tokens: list[int]
+    sampling: SamplingConfig
+    calls: ToolCallFormat | None = None
+
+    @property
+    def special(self) -> bool:
+        """Whether the answer's text renders control tokens (for the call parser)."""
+        return self.calls is not None
+
+    def reader(self) -> CallStream | None:
+        """A reader of this answer's content and tool calls (None without tools)."""
+        return CallStream(self.calls) if self.calls is not None else None
+
+
 class Pyramid:
     """A loaded ladder (target, optional qualifier, optional draft or the n-gram drafter).
 
-    It holds ``LoadConfig.parallel`` slots (:class:`~.decoding.runtime.slots.SlotPool`): that
-    many threads may each :meth:`stream` at once, their model calls evaluated together in one
-    batch per tier; more wait for a free slot. Each generation runs on a thread of its own,
-    ahead of its reader, so a reader that is slow (or reads two streams in turn) holds up
-    nobody; closing a stream ends its generation at the next token.
+    It holds ``LoadConfig.parallel`` slots (:class:`~.decoding.runtime.slots.SlotPool`), the one
+    door of every request: :meth:`submit` admits a generation (at most :attr:`queue_size` at
+    once, else :class:`QueueFull`) and a slot's worker thread runs it, handing each step to the
+    caller's ``deliver``; :meth:`stream` and :meth:`generate` read it for you. Up to
+    ``parallel`` generations run at once, their model calls evaluated together in one batch per
+    tier; more wait in the queue. A generation runs ahead of its reader, so a reader that is
+    slow (or reads two streams in turn) holds up nobody; closing a stream (or
+    :meth:`Job.cancel`) ends its generation at the next token.
     ``share_ngrams``: the n-gram drafter also searches this object's earlier generations (the
     server turns it on).
     """
@@ -122,6 +165,7 @@ class Pyramid:
         spec: SpecConfig | None = None,
         name: str | None = None,
         vram: str | int | None = None,
+        ram: str | int | None = None,
         tier_loads: Mapping[str, LoadConfig] | None = None,
         share_ngrams: bool = False,
         say: Callable[[str], None] | None = None,
@@ -131,16 +175,18 @@ class Pyramid:
 
         ``vram`` (a ``--vram`` value such as ``"6GiB"``, or bytes): load the placement
         :func:`~pyramid_gguf.planning.plan.plan_ladder` ranks first for that budget (which
-        tiers, and each one's GPU layers), telling ``say`` what it chose. ``tier_loads``
+        tiers, and each one's GPU layers) among those that fit ``ram`` (a ``--ram`` value, or
+        bytes; None: this machine's RAM), telling ``say`` what it chose. ``tier_loads``
         overrides ``load`` per tier (``draft``/``qualifier``/``target``) instead.
         """
         spec = spec or SpecConfig()
         paths.shape.check(spec.mode)  # before planning or loading anything
         base = load or LoadConfig()
         if vram is not None:
-            from .planning.plan import describe, load_plan, plan_ladder
+            from .planning.plan import PlanInputs, describe, load_plan, plan_ladder
 
-            ranking = plan_ladder(paths, vram, base, name=name, spec=spec)
+            inputs = PlanInputs(ram=ram)
+            ranking = plan_ladder(paths, vram, base, name=name, spec=spec, inputs=inputs)
             if say is not None:
                 say(describe(ranking, vram))
             paths, tier_loads = load_plan(paths, ranking, base)
@@ -162,11 +208,12 @@ class Pyramid:
         spec: SpecConfig | None = None,
         name: str | None = None,
         vram: str | int | None = None,
+        ram: str | int | None = None,
     ) -> Pyramid:
         """:meth:`load` from file names (``draft="ngram"`` is the n-gram drafter); ``spec``
         defaults to what ``tune`` saved for these files, else ``auto``, as on the CLI."""
         r = resolve_ladder(paths=LadderPaths.of(target, qualifier, draft), fetch=False)
-        return cls.load(r.paths, load=load, spec=spec or r.spec, name=name, vram=vram)
+        return cls.load(r.paths, load=load, spec=spec or r.spec, name=name, vram=vram, ram=ram)
 
     @classmethod
     def from_preset(
@@ -176,14 +223,32 @@ class Pyramid:
         load: LoadConfig | None = None,
         spec: SpecConfig | None = None,
         vram: str | int | None = None,
+        ram: str | int | None = None,
     ) -> Pyramid:
         """Load a ``models.toml`` preset, fetching what is missing first; ``spec`` defaults to
         what ``tune`` saved for its files, else the preset's recommendation, as on the CLI."""
         r = resolve_ladder(preset)
-        return cls.load(r.paths, load=load, spec=spec or r.spec, name=preset, vram=vram)
+        return cls.load(r.paths, load=load, spec=spec or r.spec, name=preset, vram=vram, ram=ram)
 
     def close(self) -> None:
+        """Cancel what is running or queued, wait for it, and free the models."""
+        self.slots.close()
         self.ladder.close()
+
+    @property
+    def queue_size(self) -> int | None:
+        """Generations admitted at once, the running ones included (None: no bound)."""
+        return self.slots.queue_size
+
+    @queue_size.setter
+    def queue_size(self, size: int | None) -> None:
+        if size is not None and size < 1:
+            raise UserError(f"the queue size must be at least 1, got {size}")
+        self.slots.queue_size = size
+
+    def snapshot(self) -> PoolSnapshot:
+        """What the slots and the queue are doing now."""
+        return self.slots.snapshot()
 
     # --- the machine -----------------------------------------------------------------------
 
@@ -242,7 +307,7 @@ class Pyramid:
     @property
     def chat_template(self) -> str | None:
         """The target GGUF's ``tokenizer.chat_template``, or None."""
-        return self.ladder.target.model.chat_template()
+        return self.ladder.target.loaded.chat_template()
 
     def template(self, chat_template: str | None = None) -> ChatTemplate:
         """The chat template prompts are rendered with: ``chat_template`` (Jinja text), else the
@@ -282,6 +347,41 @@ class Pyramid:
             tokens = tokens[1:]
         return tokens
 
+    def prepare_chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling: SamplingConfig | None = None,
+        tools: ToolRequest | None = None,
+        chat_template: str | None = None,
+    ) -> ChatPrompt:
+        """A chat turn ready to :meth:`submit`, whatever API it came through: ``messages``
+        (OpenAI's shape, tool calls and results included) rendered by :meth:`template` with the
+        tools to show, and the answer's sampling: ``sampling`` (its grammar, a response format,
+        included) or, with ``tools``, the calls' grammar (``tool_choice`` required or a named
+        function: the answer is calls whose arguments match the tool's schema) or lazy
+        triggers (``auto``: free text until the model opens a call). ``tool_choice: "none"``
+        shows no tools and reads no calls. A one-line :class:`UserError` when the template
+        writes no tool-call format we read, or when a grammar and tools come together."""
+        sampling = sampling or SamplingConfig()
+        calls: ToolCallFormat | None = None
+        shown: tuple[Tool, ...] | None = None
+        if tools is not None and tools.choice.mode != "none":
+            template = self.template(chat_template)
+            calls = template.tool_format
+            if calls is None:
+                raise UserError(
+                    f"tools: the chat template ({template.name}) renders no tool-call format "
+                    "pyramid-gguf reads (Hermes/Qwen <tool_call> or Llama 3.x JSON)"
+                )
+            if sampling.grammar is not None:
+                raise UserError("tools and a response format together are not supported")
+            found = constraint(calls, tools, self.special_texts(calls.markers))
+            if found is not None:
+                sampling = sampling.with_(grammar=found.grammar, triggers=found.triggers)
+            shown = tools.tools
+        tokens = self.chat_tokens(messages, chat_template, tools=shown)
+        return ChatPrompt(tokens, sampling, calls)
+
     def special_texts(self, texts: Sequence[str]) -> frozenset[str]:
         """Those of ``texts`` that are single special tokens of the vocabulary (a tool-call
         format's markers, which grammars then name as tokens, not as text)."""
@@ -296,22 +396,27 @@ class Pyramid:
 
     # --- generation ------------------------------------------------------------------------
 
-    def stream(
+    def submit(
         self,
         prompt: Prompt,
         sampling: SamplingConfig | None = None,
         spec: SpecConfig | None = None,
         *,
-        cancel: threading.Event | None = None,
+        deliver: Callable[[Response | BaseException | None], None],
         logprobs: int | None = None,
         special: bool = False,
-    ) -> Iterator[Response]:
-        """Yield :class:`Response` steps; the last one carries the finish reason.
+    ) -> Job:
+        """Admit one generation and return its :class:`Job` (``job.cancel()`` ends it at the
+        next token). Its :class:`Response` steps go to ``deliver`` as they come, on the thread
+        of the slot that decodes it (so ``deliver`` must only hand them on), then an exception
+        if one ended it, then :data:`END` (None). Raises at once, before anything runs: a
+        one-line :class:`UserError` for a bad argument, :class:`QueueFull` when
+        :attr:`queue_size` generations are admitted, :class:`PoolClosed` once the pyramid is
+        closing.
 
         ``prompt``: text (tokenized with BOS, special tokens parsed) or token ids. Text never
-        contains half a UTF-8 character nor any part of a stop string. Setting ``cancel`` ends
-        the generation at the next token with finish reason ``cancelled``. ``logprobs``: give
-        each token the target's log-probability and that many alternatives (0 to
+        contains half a UTF-8 character nor any part of a stop string. ``logprobs``: give each
+        token the target's log-probability and that many alternatives (0 to
         :data:`MAX_TOP_LOGPROBS`; None: none). ``special``: render control tokens in the text
         (a tool call's ``<|python_tag|>``), as a tool-call parser needs.
         """
@@ -323,70 +428,77 @@ class Pyramid:
             if grammar is not None:
                 check_grammar(grammar)  # a one-line error before anything runs
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        steps: queue.SimpleQueue[Response | BaseException | None] = queue.SimpleQueue()
-        gone = threading.Event()  # the reader closed the stream
 
-        def produce() -> None:
+        def work(job: Job) -> None:
             try:
-                args = (tokens, sampling, spec, logprobs, special)
-                for step in self._generate(*args, cancel=cancel, gone=gone):
-                    steps.put(step)
+                for step in self._generate(job, tokens, sampling, spec, logprobs, special):
+                    deliver(step)
             except BaseException as e:  # the reader raises it
-                steps.put(e)
+                deliver(e)
             finally:
-                steps.put(None)
+                deliver(END)
 
-        producer = threading.Thread(target=produce, name="pyramid-stream", daemon=True)
-        producer.start()
+        return self.slots.submit(tokens, work)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        sampling: SamplingConfig | None = None,
+        spec: SpecConfig | None = None,
+        *,
+        logprobs: int | None = None,
+        special: bool = False,
+    ) -> Iterator[Response]:
+        """Yield the :class:`Response` steps of one generation (:meth:`submit`'s arguments);
+        the last one carries the finish reason. Closing the iterator (or leaving a ``for``
+        loop over it) ends the generation at its next token and waits for its slot to be
+        free."""
+        steps: queue.SimpleQueue[Response | BaseException | None] = queue.SimpleQueue()
+        job = self.submit(
+            prompt, sampling, spec, deliver=steps.put, logprobs=logprobs, special=special
+        )
         try:
-            while (item := steps.get()) is not None:
+            while (item := steps.get()) is not END:
                 if isinstance(item, BaseException):
                     raise item
+                assert item is not None
                 yield item
         finally:
-            gone.set()
-            producer.join()  # it stops at its next token and gives its slot back
+            job.cancel()  # no-op once it has finished
+            job.wait()
 
     def _generate(
         self,
+        job: Job,
         tokens: list[int],
         sampling: SamplingConfig,
         spec: SpecConfig,
         logprobs: int | None,
         special: bool,
-        *,
-        cancel: threading.Event | None,
-        gone: threading.Event,
     ) -> Iterator[Response]:
-        """The steps of :meth:`stream`, on its producer thread: a slot, a generation on it, its
-        text and log-probabilities; ends at ``cancel`` (or when the reader is ``gone``) at the
-        next token."""
+        """The steps of ``job``, on its worker thread: a slot, a generation on it, its text and
+        log-probabilities; ends when the job is cancelled, at the next token."""
         stats = GenerationStats(mode=spec.mode)
         text = TextStream(sampling.stop)
         vocab = self.ladder.target.vocab
-        costs = self._costs() if spec.info.auto else None
+        costs = self._costs() if spec.info.auto else None  # before a slot: it may calibrate
         if self.ladder.target.model.cfg.strict_identity:
             self._calibrate(False, None)  # the identity probe sets the target's micro-batch
-
-        def stopped() -> bool:
-            return gone.is_set() or (cancel is not None and cancel.is_set())
-
-        slot = self.slots.acquire(tokens, stopped)
-        if slot is None:  # cancelled while waiting for a slot
-            yield Response("", [], "cancelled", stats)
-            return
         generated: list[int] = []
-        try:
-            with self.slots.running(slot):
+        with self.slots.take(job) as slot:
+            if slot is None:  # cancelled while every slot was held
+                yield Response("", [], "cancelled", stats)
+                return
+            try:
                 ladder = slot.ladder
                 sampler = Sampler(sampling)
                 guide = make_guide(ladder, sampling, len(tokens))
-                rounds, prefill = make_rounds(  # a fixed mode's tiers are checked here, once
+                scheduler, prefill = make_scheduler(  # a fixed mode's tiers are checked here, once
                     ladder, spec, sampler, stats, costs=costs, pool=self.pool, guide=guide,
                     load=slot,
                 )  # fmt: skip
                 rows: list[np.ndarray] | None = [] if logprobs is not None else None
-                steps = decode(ladder, tokens, rounds, prefill, sampler, stats, rows, guide)
+                steps = decode(ladder, tokens, scheduler, prefill, sampler, stats, rows, guide)
                 try:
                     for token in steps:
                         lp: tuple[TokenLogprob, ...] = ()
@@ -401,15 +513,14 @@ class Pyramid:
                                 yield Response(delta, [token], None, stats, lp)
                             break
                         yield Response(delta, [token], None, stats, lp)
-                        if stopped():
+                        if job.cancelled:
                             stats.finish_reason = "cancelled"
                             break
                 finally:
                     steps.close()
-        finally:
-            self.slots.release(slot)
-            if self.pool is not None:
-                self.pool.add([*tokens, *generated])
+            finally:
+                if self.pool is not None:
+                    self.pool.add([*tokens, *generated])
         yield Response(text.flush(), [], stats.finish_reason or "length", stats)
 
     def _logprob(self, token: int, row: np.ndarray, top: int) -> TokenLogprob:
@@ -427,14 +538,13 @@ class Pyramid:
         sampling: SamplingConfig | None = None,
         spec: SpecConfig | None = None,
         *,
-        cancel: threading.Event | None = None,
         special: bool = False,
     ) -> Completion:
         """Generate to the end and return the joined :class:`Completion`."""
         texts: list[str] = []
         ids: list[int] = []
         last: Response | None = None
-        for last in self.stream(prompt, sampling, spec, cancel=cancel, special=special):
+        for last in self.stream(prompt, sampling, spec, special=special):
             texts.append(last.text)
             ids += last.token_ids
         assert last is not None

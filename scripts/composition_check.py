@@ -12,11 +12,15 @@ loaded and timed in interleaved rounds (the machine is shared: every model sees 
 minutes), each size the median of the rounds. A profile is fitted (no block term, as for a CPU)
 to the ``--fit`` cuts and predicts the rest, held out; the shipped profile of the build VM
 (``cpu-2core-epyc``, fitted on 2026-11-23 to 7, 14 and 28 blocks) predicts all, for scale.
-``--other`` adds a model of other quantization types (the 0.5B is Q5_0 / Q8_0): how far a
-profile's bytes carry across kernels.
+``--other`` adds held-out models: one of other quantization types (the 0.5B is Q5_0 / Q8_0:
+how far a profile's bytes carry across kernels), or a big one (a synthetic Qwen2.5-14B, 8.4 GiB,
+from ``scripts/gpu/synth_ladder.py qwen-14b``: whether a profile fitted to small models prices
+a model that no cache holds, whose verifications turn compute-bound).
 
     python scripts/composition_check.py MODEL.gguf --keep 4,7,14,21,28 --fit 7,28 \\
         --other qwen2.5-coder-0.5b-instruct.gguf --work /tmp/cuts --json out.json
+    python scripts/composition_check.py 1.5B.gguf --keep 7,28 --fit 7,28 --sizes 1-16 \\
+        --other synthetic-qwen-14b-q4_k_m.gguf --rounds 3
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ from pyramid_gguf.planning.memory import model_memory
 SIZES = (1, 2, 4, 8, 16)
 
 
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``1,2,4`` or ``1-16``."""
+    if "-" in text:
+        lo, hi = (int(v) for v in text.split("-"))
+        return tuple(range(lo, hi + 1))
+    return tuple(int(v) for v in text.split(","))
+
+
 def cut(src: Path, k: int, work: Path) -> Path:
     """``src`` with its first ``k`` blocks (the whole model when ``k`` is all of them)."""
     n = model_memory(src).n_layer
@@ -50,7 +62,9 @@ def cut(src: Path, k: int, work: Path) -> Path:
     return out
 
 
-def timed(paths: list[Path], threads: int, rounds: int) -> dict[str, CostCurve]:
+def timed(
+    paths: list[Path], threads: int, rounds: int, sizes: tuple[int, ...] = SIZES
+) -> dict[str, CostCurve]:
     """Each model's cost curve, the median of ``rounds`` interleaved rounds."""
     load = LoadConfig(n_ctx=512, n_threads=threads, n_threads_batch=threads)
     models = [NativeModel(p, load) for p in paths]
@@ -58,7 +72,7 @@ def timed(paths: list[Path], threads: int, rounds: int) -> dict[str, CostCurve]:
         runs: dict[str, list[tuple[float, ...]]] = {p.name: [] for p in paths}
         for _ in range(rounds):
             for p, m in zip(paths, models, strict=True):
-                runs[p.name].append(measure_curve(m, sizes=SIZES, repeats=1).seconds)
+                runs[p.name].append(measure_curve(m, sizes=sizes, repeats=1).seconds)
     finally:
         for m in models:
             m.close()
@@ -77,6 +91,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/composition-cuts"))
     ap.add_argument("--threads", "-t", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sizes", default="1,2,4,8,16", help="batch sizes: 1,2,4 or 1-16")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -84,10 +99,11 @@ def main() -> None:
     fit_k = {int(k) for k in args.fit.split(",")}
     cuts = {k: cut(args.model, k, args.work) for k in keep}
     paths = [*cuts.values(), *args.other]
-    curves = timed(paths, args.threads, args.rounds)
+    sizes = parse_sizes(args.sizes)
+    curves = timed(paths, args.threads, args.rounds, sizes)
     shapes = {p.name: Shape.of(model_memory(p)) for p in paths}
     samples = [(shapes[cuts[k].name], curves[cuts[k].name]) for k in keep if k in fit_k]
-    fresh = DeviceProfile.fit("this-run", "this run", samples, max(SIZES), per_layer=False)
+    fresh = DeviceProfile.fit("this-run", "this run", samples, max(sizes), per_layer=False)
     shipped = DeviceProfile.load(catalogue("cpu")["cpu-2core-epyc"].path)
     rows = []
     print(f"{build_id()}; {args.threads} threads, median of {args.rounds} interleaved rounds")
@@ -99,7 +115,7 @@ def main() -> None:
         shape, curve = shapes[p.name], curves[p.name]
         k = next((k for k, c in cuts.items() if c == p), None)
         use = "fit" if k in fit_k else "held out"
-        for n in SIZES:
+        for n in sizes:
             ms = curve(n) * 1000
             f, s = fresh.cost(n, shape) * 1000, shipped.cost(n, shape) * 1000
             rows.append(
@@ -125,6 +141,13 @@ def main() -> None:
         print(
             f"held-out cuts: median |error| {np.median(errs):.1%}, worst {max(errs):.1%} "
             f"({len(errs)} points)"
+        )
+    for other in args.other:
+        mine = [r for r in rows if r["model"] == other.name]
+        errs = [abs(r["fresh_ms"] / r["measured_ms"] - 1) for r in mine]
+        print(
+            f"{other.name} (held out): median |error| {np.median(errs):.1%}, worst "
+            f"{max(errs):.1%} ({len(errs)} points)"
         )
     if args.json:
         doc = {"build": build_id(), "threads": args.threads, "rounds": args.rounds, "rows": rows}

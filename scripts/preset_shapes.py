@@ -101,6 +101,33 @@ CONFIGS = {
         "qwen3", 2560, 36, 32, 8, 128, 9728, 151936, True,
         "https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json",
     ),
+    # Big targets (issue 43): sizes as bartowski's model cards list them, where recalled; the
+    # repository and file names are the hub's as best known, not checked from this machine.
+    "qwen2.5-14b": Config(
+        "qwen2", 5120, 48, 40, 8, 128, 13824, 152064, False,
+        "https://huggingface.co/Qwen/Qwen2.5-14B-Instruct/blob/main/config.json",
+        8.99e9, "bartowski/Qwen2.5-14B-Instruct-GGUF Qwen2.5-14B-Instruct-Q4_K_M.gguf",
+    ),
+    "qwen2.5-32b": Config(
+        "qwen2", 5120, 64, 40, 8, 128, 27648, 152064, False,
+        "https://huggingface.co/Qwen/Qwen2.5-32B-Instruct/blob/main/config.json",
+        19.85e9, "bartowski/Qwen2.5-32B-Instruct-GGUF Qwen2.5-32B-Instruct-Q4_K_M.gguf",
+    ),
+    "qwen3-8b": Config(
+        "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, False,
+        "https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json",
+        0.0, "Qwen/Qwen3-8B-GGUF Qwen3-8B-Q4_K_M.gguf",
+    ),
+    "qwen3-32b": Config(
+        "qwen3", 5120, 64, 64, 8, 128, 25600, 151936, False,
+        "https://huggingface.co/Qwen/Qwen3-32B/blob/main/config.json",
+        0.0, "Qwen/Qwen3-32B-GGUF Qwen3-32B-Q4_K_M.gguf",
+    ),
+    "llama-3.3-70b": Config(
+        "llama", 8192, 80, 64, 8, 128, 28672, 128256, False,
+        "https://huggingface.co/meta-llama/Llama-3.3-70B-Instruct/blob/main/config.json",
+        42.52e9, "bartowski/Llama-3.3-70B-Instruct-GGUF Llama-3.3-70B-Instruct-Q4_K_M.gguf",
+    ),
     # The default ladder's 1.5B and 0.5B as converted by Qwen (untied: the head is stored)
     "qwen2.5-coder-1.5b": Config("qwen2", 1536, 28, 12, 2, 128, 8960, 151936, False, ""),
 }  # fmt: skip

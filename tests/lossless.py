@@ -20,7 +20,7 @@ from pyramid_gguf.api import Pyramid
 from pyramid_gguf.core.sampling import SamplingConfig
 from pyramid_gguf.core.spec import SpecConfig
 from pyramid_gguf.decoding.pricing.costs import CostCurve
-from pyramid_gguf.decoding.runtime.engine import decode, make_rounds
+from pyramid_gguf.decoding.runtime.engine import decode, make_scheduler
 from pyramid_gguf.decoding.runtime.sampling import Sampler
 from pyramid_gguf.decoding.runtime.stats import GenerationStats
 from pyramid_gguf.native import supports_gpu_offload
@@ -101,7 +101,7 @@ def generate(
     GPU-shaped curve, say) instead of this machine's measured ones."""
     stats = GenerationStats(mode=spec.mode)
     sampler = Sampler(sampling)
-    rounds, prefill = make_rounds(p.ladder, spec, sampler, stats, costs=dict(costs or {}))
+    rounds, prefill = make_scheduler(p.ladder, spec, sampler, stats, costs=dict(costs or {}))
     return list(decode(p.ladder, prompt, rounds, prefill, sampler, stats)), stats
 
 

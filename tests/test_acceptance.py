@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pyramid_gguf.decoding.runtime import acceptance
-from pyramid_gguf.decoding.runtime.acceptance import exact, fuzzy, greedy_match
+from pyramid_gguf.decoding.runtime import verification as acceptance
+from pyramid_gguf.decoding.runtime.verification import exact, fuzzy, greedy_match
 
 V = 8
 NEG = -np.inf

@@ -124,7 +124,7 @@ def test_no_import_cycles() -> None:
     [
         "pyramid_gguf",
         "pyramid_gguf.core.spec",
-        "pyramid_gguf.decoding.runtime.acceptance",
+        "pyramid_gguf.decoding.runtime.verification",
         "pyramid_gguf.decoding.runtime.sampling",
         "pyramid_gguf.decoding.pricing.policy",
         "pyramid_gguf.decoding.pricing.chains",

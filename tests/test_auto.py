@@ -20,7 +20,7 @@ from pyramid_gguf.decoding.offline.replay import ScriptedTarget, replay
 from pyramid_gguf.decoding.pricing import policy
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.runtime import ngram
-from pyramid_gguf.decoding.runtime.auto import AutoRounds
+from pyramid_gguf.decoding.runtime.auto import AutoScheduler
 from pyramid_gguf.decoding.runtime.sampling import Sampler
 from pyramid_gguf.decoding.runtime.stats import AutoStats, GenerationStats
 from pyramid_gguf.decoding.runtime.tiers import Ladder, ModelTier
@@ -82,7 +82,7 @@ def test_an_answer_copying_its_prompt_bets_whatever_the_budget(
         stats = GenerationStats(mode="auto")
         sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(answer)))
         ladder = Ladder(target=cast(ModelTier, target))
-        rounds = AutoRounds(ladder, SpecConfig(mode="auto"), sampler, stats, {"target": AVX512})
+        rounds = AutoScheduler(ladder, SpecConfig(mode="auto"), sampler, stats, {"target": AVX512})
         rounds.ledger.shadow_credit = -debt  # failed shadows left the budget in debt
         committed = list(prompt)
         while len(committed) < len(prompt) + len(answer):

@@ -1,7 +1,8 @@
-"""The README's and docs/ALGORITHMS.md's mode and knob tables say what the code does: the modes
-of :data:`~pyramid_gguf.core.modes.MODES` (lossless or not, tiers needed) and the knobs of
-:data:`~pyramid_gguf.core.spec.SPEC_KNOBS` with :class:`~pyramid_gguf.core.spec.SpecConfig`'s
-defaults."""
+"""The docs say what the code does: the README's and docs/ALGORITHMS.md's mode and knob tables
+(the modes of :data:`~pyramid_gguf.core.modes.MODES`, lossless or not, tiers needed, and the
+knobs of :data:`~pyramid_gguf.core.spec.SPEC_KNOBS` with
+:class:`~pyramid_gguf.core.spec.SpecConfig`'s defaults), and docs/ARCHITECTURE.md's map of the
+modules."""
 
 from __future__ import annotations
 
@@ -114,3 +115,16 @@ def test_every_readme_command_parses(line: str) -> None:
         ctx = sub.make_context(name, rest, parent=ctx)
         command = sub
     assert command is not main, line
+
+
+def test_architecture_names_every_module() -> None:
+    """docs/ARCHITECTURE.md's map lists every module of the package by file name: a module
+    added without a line there fails here."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    package = ROOT / "pyramid_gguf"
+    missing = [
+        str(p.relative_to(package))
+        for p in sorted(package.rglob("*.py"))
+        if p.name != "__init__.py" and not re.search(rf"(?<![\w/.]){re.escape(p.name)}", text)
+    ]
+    assert not missing, f"docs/ARCHITECTURE.md does not name: {', '.join(missing)}"

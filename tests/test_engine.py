@@ -149,10 +149,24 @@ def test_missing_tier_for_mode_is_a_user_error(tiny_target: Path, tiny_load: Loa
 
 
 def test_cancel_stops_generation(pyramid: Pyramid) -> None:
-    import threading
+    """``Job.cancel`` ends a generation at its next token; its reader gets what was made and
+    the finish reason ``cancelled``."""
+    from queue import SimpleQueue
 
-    cancel = threading.Event()
-    cancel.set()
-    got = pyramid.generate(PROMPTS[0], GREEDY, SpecConfig(mode="sd"), cancel=cancel)
-    assert got.finish_reason == "cancelled"
-    assert len(got.token_ids) < GREEDY.max_tokens
+    from pyramid_gguf.api import Response
+
+    steps: SimpleQueue[object] = SimpleQueue()
+    jobs = []
+
+    def deliver(item: object) -> None:
+        steps.put(item)
+        if isinstance(item, Response) and item.token_ids:
+            jobs[0].cancel()  # after the first token
+
+    jobs.append(pyramid.submit(PROMPTS[0], GREEDY, SpecConfig(mode="sd"), deliver=deliver))
+    got = []
+    while (item := steps.get(timeout=30)) is not None:
+        assert isinstance(item, Response)
+        got.append(item)
+    assert got[-1].finish_reason == "cancelled"
+    assert 1 <= sum(len(r.token_ids) for r in got) < GREEDY.max_tokens

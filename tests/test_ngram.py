@@ -8,11 +8,11 @@ from pathlib import Path
 from pyramid_gguf.decoding.runtime.ngram import (
     COPY_EVIDENCE,
     KEY,
-    NGramDrafter,
     NGramIndex,
+    NGramLookup,
     NGramPool,
-    NGramProposer,
 )
+from pyramid_gguf.decoding.runtime.proposers import NGramProposer
 
 
 def test_longest_match_wins_over_the_newest_shorter_one() -> None:
@@ -34,14 +34,14 @@ def test_ties_go_to_the_newest_occurrence_and_the_suffix_itself_is_skipped() -> 
 def test_matches_in_the_prompt_or_the_pool_are_quoted() -> None:
     prompt = [1, 2, 3, 40, 41]
     answer = [9, 1, 2, 3]  # quotes the prompt
-    m = NGramDrafter().lookup(prompt + answer, 2, answer_start=len(prompt))
+    m = NGramLookup().lookup(prompt + answer, 2, answer_start=len(prompt))
     assert m is not None and m.quoted and m.continuation == [40, 41]
     answer = [9, 7, 8, 50, 6, 7, 8]  # echoes itself
-    m = NGramDrafter().lookup(prompt + answer, 2, answer_start=len(prompt))
+    m = NGramLookup().lookup(prompt + answer, 2, answer_start=len(prompt))
     assert m is not None and not m.quoted and m.continuation == [50, 6]
     pool = NGramPool()
     pool.add([5, 6, 7, 8, 60])
-    m = NGramDrafter(pool).lookup([*prompt, 6, 7, 8], 1, answer_start=len(prompt))
+    m = NGramLookup(pool).lookup([*prompt, 6, 7, 8], 1, answer_start=len(prompt))
     assert m is not None and m.quoted and m.continuation == [60]
 
 
@@ -50,17 +50,17 @@ def test_a_long_quote_is_evidence_of_copying_an_echo_is_not() -> None:
     ngram-simple key); the same length echoing the answer itself does not count."""
     prompt = list(range(100, 140))
     answer = prompt[5 : 5 + COPY_EVIDENCE]
-    m = NGramDrafter().lookup(prompt + answer, 4, answer_start=len(prompt))
+    m = NGramLookup().lookup(prompt + answer, 4, answer_start=len(prompt))
     assert m is not None and m.quoted and m.length == COPY_EVIDENCE and m.copying
-    m = NGramDrafter().lookup(prompt + answer[:-1], 4, answer_start=len(prompt))
+    m = NGramLookup().lookup(prompt + answer[:-1], 4, answer_start=len(prompt))
     assert m is not None and m.quoted and not m.copying
     phrase = list(range(500, 500 + COPY_EVIDENCE + 1))
-    m = NGramDrafter().lookup([1, 2, *phrase, 7, *phrase], 4, answer_start=2)
+    m = NGramLookup().lookup([1, 2, *phrase, 7, *phrase], 4, answer_start=2)
     assert m is not None and not m.quoted and m.length > COPY_EVIDENCE and not m.copying
 
 
 def test_index_follows_a_growing_context_and_rebuilds_on_a_new_one() -> None:
-    drafter = NGramDrafter()
+    drafter = NGramLookup()
     ctx = [1, 2, 3, 4, 1, 2]
     m = drafter.lookup(ctx, 2)
     assert m is not None and m.continuation == [3, 4]
@@ -73,13 +73,13 @@ def test_index_follows_a_growing_context_and_rebuilds_on_a_new_one() -> None:
 def test_pool_shares_earlier_requests_and_stays_bounded() -> None:
     pool = NGramPool(max_tokens=40)
     pool.add([10, 11, 12, 13, 14, 15, 16])
-    drafter = NGramDrafter(pool)
+    drafter = NGramLookup(pool)
     m = drafter.lookup([1, 2, 10, 11, 12], 3)
     assert m is not None and m.length == 3 and m.continuation == [13, 14, 15]
     for i in range(10):  # 10 x 7 tokens > 40: the oldest documents are dropped
         pool.add([100 + i, 200, 201, 202, 203, 204, 205])
     assert drafter.lookup([1, 2, 10, 11, 12], 3) is None
-    assert NGramDrafter(None).lookup([1, 2, 10, 11, 12], 3) is None
+    assert NGramLookup(None).lookup([1, 2, 10, 11, 12], 3) is None
 
 
 def test_fixed_mode_proposer_needs_the_minimum_match() -> None:
@@ -102,7 +102,7 @@ def test_a_server_ladder_remembers_earlier_answers(tiny_target: Path) -> None:
         assert p.pool is not None
         first = p.generate("the model of the tree", greedy, SpecConfig(mode="target")).token_ids
         quote = [*p.tokenize("graph path"), *first[:10]]
-        m = NGramDrafter(p.pool).lookup(quote, 8)
+        m = NGramLookup(p.pool).lookup(quote, 8)
         assert m is not None and m.length >= 10 and m.continuation == first[10:18]
     with Pyramid.load(LadderPaths(tiny_target), load=TINY_LOAD) as p:
         assert p.pool is None  # the Python API does not share by default

@@ -149,6 +149,8 @@ def test_no_card_named_says_which_profile_it_used() -> None:
         (["--gpu", "gtx-9999"], "unknown GPU"),
         (["--vram", "8"], "needs a unit"),
         (["--vram", "lots"], "bad size"),
+        (["--ram", "16"], "needs a unit"),
+        (["--ram", "1GiB"], "GiB more RAM"),
         (["--preset", "nope"], "unknown preset"),
     ],
 )

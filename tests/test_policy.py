@@ -9,6 +9,12 @@ import random
 import pytest
 
 from pyramid_gguf.decoding.pricing import policy
+from pyramid_gguf.decoding.pricing.chains import (
+    price_draft,
+    price_ngram,
+    price_plain,
+    price_pyramid,
+)
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.pricing.estimates import ChainAcceptance, NGramAcceptance, Rate
 
@@ -50,41 +56,41 @@ def test_cost_curve_extrapolates_and_chunks() -> None:
 def test_ngram_block_follows_the_cost_curve() -> None:
     """On the AVX-512 curve a 4-token batch is cheap and a 5-token one dear: with copying
     that is almost always kept, auto proposes 3 tokens (a batch of 4), not 4."""
-    option = policy.ngram(AVX512, 0.9, 0.95, available=16, max_k=7, overhead=0.0).allowed
+    option = price_ngram(AVX512, 0.9, 0.95, available=16, max_k=7, overhead=0.0).allowed
     assert option is not None and option.k == 3
     # on a flat curve the same proposals are worth a long block
-    flat = policy.ngram(GPU, 0.9, 0.95, available=16, max_k=16, overhead=0.0).allowed
+    flat = price_ngram(GPU, 0.9, 0.95, available=16, max_k=16, overhead=0.0).allowed
     assert flat is not None and flat.k > 8
     # a weak match does not pay on the CPU: plain decoding wins
-    weak = policy.ngram(AVX512, 0.3, 0.6, available=16, max_k=7, overhead=0.0).allowed
-    assert policy.choose(policy.plain(AVX512, 0.0), [weak]).chain == "target"
+    weak = price_ngram(AVX512, 0.3, 0.6, available=16, max_k=7, overhead=0.0).allowed
+    assert policy.choose(price_plain(AVX512, 0.0), [weak]).chain == "target"
 
 
 @pytest.mark.parametrize("keep", [0.6, 0.8, 0.95])
 def test_model_drafts_do_not_pay_on_a_small_cpu(keep: float) -> None:
-    base = policy.plain(AVX512, 0.0)
-    sd = policy.draft("draft", AVX512, CPU_DRAFT, keep, 8, 0, 0.0).allowed
-    psd = policy.pyramid(AVX512, CPU_DRAFT, CPU_DRAFT, keep, keep, 8, (0, 0), 0.0).allowed
+    base = price_plain(AVX512, 0.0)
+    sd = price_draft("draft", AVX512, CPU_DRAFT, keep, 8, 0, 0.0).allowed
+    psd = price_pyramid(AVX512, CPU_DRAFT, CPU_DRAFT, keep, keep, 8, (0, 0), 0.0).allowed
     assert policy.choose(base, [sd, psd]).chain == "target"
 
 
 def test_model_drafts_pay_on_a_gpu_and_the_choice_follows_acceptance() -> None:
-    base = policy.plain(GPU, 0.0)
-    good = policy.draft("draft", GPU, GPU_DRAFT, 0.7, 16, 0, 0.0).allowed
+    base = price_plain(GPU, 0.0)
+    good = price_draft("draft", GPU, GPU_DRAFT, 0.7, 16, 0, 0.0).allowed
     assert good is not None and good.rate > 1.4 * base.rate and good.k >= 3
     assert policy.choose(base, [good]).chain == "draft"
-    bad = policy.draft("draft", GPU, GPU_DRAFT, 0.05, 16, 0, 0.0).allowed
+    bad = price_draft("draft", GPU, GPU_DRAFT, 0.05, 16, 0, 0.0).allowed
     assert policy.choose(base, [bad]).chain == "target"
     # a qualifier that agrees with the target far better than the draft: the pyramid wins
     qualifier = CostCurve.shaped(0.004, 0.0001)
-    sd = policy.draft("draft", GPU, GPU_DRAFT, 0.4, 16, 0, 0.0).allowed
-    psd = policy.pyramid(GPU, qualifier, GPU_DRAFT, 0.8, 0.9, 16, (0, 0), 0.0).allowed
+    sd = price_draft("draft", GPU, GPU_DRAFT, 0.4, 16, 0, 0.0).allowed
+    psd = price_pyramid(GPU, qualifier, GPU_DRAFT, 0.8, 0.9, 16, (0, 0), 0.0).allowed
     assert policy.choose(base, [sd, psd]).chain == "pyramid"
 
 
 def test_catching_up_a_lagging_draft_is_priced() -> None:
-    fresh = policy.draft("draft", GPU, GPU_DRAFT, 0.7, 16, lag=0, overhead=0.0).allowed
-    behind = policy.draft("draft", GPU, GPU_DRAFT, 0.7, 16, lag=2000, overhead=0.0).allowed
+    fresh = price_draft("draft", GPU, GPU_DRAFT, 0.7, 16, lag=0, overhead=0.0).allowed
+    behind = price_draft("draft", GPU, GPU_DRAFT, 0.7, 16, lag=2000, overhead=0.0).allowed
     assert fresh is not None and behind is not None and behind.rate < fresh.rate
 
 
@@ -151,17 +157,17 @@ def test_a_round_may_lose_what_the_generation_saved() -> None:
 def test_block_size_follows_the_budget() -> None:
     """On the AVX-512 curve a copying match wants a long block; with no savings yet auto
     proposes a short one, and grows it as the generation saves."""
-    base = policy.plain(AVX512, 0.0)
-    free = policy.ngram(AVX512, 0.95, 0.95, available=8, max_k=8, overhead=0.0).allowed
+    base = price_plain(AVX512, 0.0)
+    free = price_ngram(AVX512, 0.95, 0.95, available=8, max_k=8, overhead=0.0).allowed
     budget = policy.Budget(base, 0.0)
-    pick = policy.ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, budget)
+    pick = price_ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, budget)
     short = pick.allowed
     assert free is not None and short is not None and short.k < free.k
     assert short.seconds - base.seconds <= base.seconds
     assert pick.refused and pick.best == free  # the block it would run, budget aside
-    rich = policy.ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, policy.Budget(base, 1.0))
+    rich = price_ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, policy.Budget(base, 1.0))
     assert rich.allowed == free and not rich.refused
-    weak = policy.ngram(AVX512, 0.65, 0.8, 8, 8, 0.0, policy.Budget(base, 0.0))
+    weak = price_ngram(AVX512, 0.65, 0.8, 8, 8, 0.0, policy.Budget(base, 0.0))
     assert weak.allowed is None
     assert weak.refused  # worth running on average, refused for lack of savings
 
@@ -200,7 +206,7 @@ def test_best_block_scans_sizes_once_first_of_equals_winning() -> None:
 def test_best_block_allows_exactly_what_the_budget_allows(seed: int) -> None:
     """best_block unrolls Budget.allows for speed: its picks equal a plain scan by allows()."""
     rng = random.Random(seed)
-    base = policy.plain(CostCurve.shaped(0.01, 0.005), 0.0)
+    base = price_plain(CostCurve.shaped(0.01, 0.005), 0.0)
     for _ in range(200):
         n = rng.randint(1, 16)
         seconds = sorted(rng.uniform(0.005, 0.1) for _ in range(n))

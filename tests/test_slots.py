@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from queue import SimpleQueue
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,15 +32,16 @@ from test_acceptance import chi_square_pvalue
 from test_lossless import HOT, SEEDS, joint
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf.api import QueueFull
 from pyramid_gguf.core.errors import ContextOverflow, UserError
 from pyramid_gguf.core.ladder import LadderShape
 from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.decoding.pricing import policy
-from pyramid_gguf.decoding.pricing.chains import ladder_chains
+from pyramid_gguf.decoding.pricing.chains import ladder_chains, price_plain
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.runtime import batcher as batcher_module
 from pyramid_gguf.decoding.runtime.batcher import Load
-from pyramid_gguf.decoding.runtime.engine import decode, make_rounds
+from pyramid_gguf.decoding.runtime.engine import decode, make_scheduler
 from pyramid_gguf.decoding.runtime.sampling import Sampler
 from pyramid_gguf.decoding.runtime.slots import Slot, choose
 from pyramid_gguf.decoding.runtime.stats import GenerationStats
@@ -157,9 +159,9 @@ def test_concurrent_greedy_answers_are_the_targets(
     with ladder(mode) as p:
         prompts = [p.tokenize(t) for t in PROMPTS]
         solo = [p.generate(pr, GREEDY).token_ids for pr in prompts]
-        before = replace(p.slots.batcher.counters)
+        before = p.snapshot().batches
         got = together(p, prompts, GREEDY)
-        after = p.slots.batcher.counters
+        after = p.snapshot().batches
         for pr, a, b in zip(prompts, got, solo, strict=True):
             assert_same_or_near_tie(p, pr, a, b, TINY_TIE)
         batches = after.batches - before.batches
@@ -190,7 +192,8 @@ def test_concurrent_sampled_tokens_follow_the_target_distribution(
         firsts = np.array([results[s] for s in range(SEEDS)])
         n_vocab = p.ladder.target.n_vocab
         sampled = firsts[:, 0] * n_vocab + firsts[:, 1]
-        assert p.slots.batcher.counters.slots_in_batches > p.slots.batcher.counters.batches
+        counters = p.snapshot().batches
+        assert counters.slots_in_batches > counters.batches
         assert chi_square_pvalue(sampled, joint(p.ladder.target, prompt)) > 0.001
 
 
@@ -201,22 +204,25 @@ def test_a_long_prompt_joins_in_chunks_while_others_decode(
     and the running stream gets a token from each of those batches."""
     monkeypatch.setattr(batcher_module, "PROMPT_CHUNK", 16)
     with ladder("target") as p:
-        counters = p.slots.batcher.counters
+
+        def batches() -> int:
+            return p.snapshot().batches.batches
+
         seen: list[int] = []  # the batch count at each token of the running stream
         long_prompt = [1, *range(5, 95)]
         joined: list[int] = []
 
         def running() -> None:
             for _ in p.stream([1, 5, 9], GREEDY.with_(max_tokens=60)):
-                seen.append(counters.batches)
+                seen.append(batches())
                 if len(seen) == 5:
                     threading.Thread(target=joining).start()
 
         def joining() -> None:
-            joined.append(counters.batches)
+            joined.append(batches())
             steps = p.stream(long_prompt, GREEDY.with_(max_tokens=2))
             next(steps)
-            joined.append(counters.batches)
+            joined.append(batches())
             steps.close()
 
         t = threading.Thread(target=running)
@@ -276,7 +282,7 @@ def _slots(*caches: list[int]) -> list[Slot]:
     for seq, held in enumerate(caches):
         model = SimpleNamespace(tokens=held)
         ladder = SimpleNamespace(target=SimpleNamespace(model=model))
-        out.append(Slot(seq, ladder, last_used=seq))  # type: ignore[arg-type]
+        out.append(Slot(seq, ladder, None, last_used=seq))  # type: ignore[arg-type]
     return out
 
 
@@ -297,30 +303,39 @@ def test_slot_choice_keeps_conversations() -> None:
     assert choose(full, [*system, 9]).seq == 1
 
 
+def _drain(steps: SimpleQueue[object]) -> list[object]:
+    """What a job delivered, up to its end (None)."""
+    out = []
+    while (item := steps.get(timeout=10)) is not None:
+        out.append(item)
+    return out
+
+
 def test_cancelled_while_waiting_for_a_slot(ladder: Callable[..., Pyramid]) -> None:
     with ladder("target") as p:
-        held = [p.slots.acquire([1]) for _ in range(SLOTS)]
-        cancel = threading.Event()
-        got: list[object] = []
-        waiter = threading.Thread(
-            target=lambda: got.append(p.generate([1, 2], GREEDY, cancel=cancel))
-        )
-        waiter.start()
-        time.sleep(0.2)
-        assert waiter.is_alive()  # every slot is taken: it waits
-        cancel.set()
-        waiter.join(timeout=5)
-        assert not waiter.is_alive() and got[0].finish_reason == "cancelled"  # type: ignore[attr-defined]
-        for slot in held:
-            assert slot is not None
-            p.slots.release(slot)
+        steps: SimpleQueue[object] = SimpleQueue()
+        with p.slots.exclusive():  # every slot held, as calibration holds them
+            job = p.submit([1, 2], GREEDY, deliver=steps.put)
+            time.sleep(0.2)
+            assert not job.finished  # it waits
+            job.cancel()
+            assert job.wait(5)
+        got = _drain(steps)
+        assert [r.finish_reason for r in got] == ["cancelled"]  # type: ignore[attr-defined]
         assert p.generate([1, 2], GREEDY.with_(max_tokens=3)).token_ids  # and the slots work
 
 
 def test_calibration_waits_for_every_slot(ladder: Callable[..., Pyramid]) -> None:
     with ladder("target") as p:
-        slot = p.slots.acquire([1])
-        assert slot is not None
+        release = threading.Event()
+        started = threading.Event()
+
+        def slow_reader(item: object) -> None:  # holds its slot until released
+            started.set()
+            release.wait(10)
+
+        job = p.submit([1, 2], GREEDY.with_(max_tokens=2), deliver=slow_reader)
+        assert started.wait(10)
         done = threading.Event()
 
         def exclusive() -> None:
@@ -331,9 +346,35 @@ def test_calibration_waits_for_every_slot(ladder: Callable[..., Pyramid]) -> Non
         t.start()
         time.sleep(0.2)
         assert not done.is_set()
-        p.slots.release(slot)
+        release.set()
         t.join(timeout=5)
-        assert done.is_set()
+        assert done.is_set() and job.wait(5)
+
+
+def test_one_admission_bounds_the_queue_and_steps_come_from_the_slots_thread(
+    ladder: Callable[..., Pyramid],
+) -> None:
+    """Every request enters through one queue (a full one refuses at once), and each step is
+    handed over on the thread of the slot that decodes it: one thread boundary to the reader."""
+    with ladder("target") as p:
+        p.queue_size = 2
+        release = threading.Event()
+        threads: list[str] = []
+
+        def held(item: object) -> None:
+            threads.append(threading.current_thread().name)
+            release.wait(10)
+
+        first = p.submit([1, 2], GREEDY.with_(max_tokens=2), deliver=held)
+        second = p.submit([1, 3], GREEDY.with_(max_tokens=2), deliver=held)
+        with pytest.raises(QueueFull):
+            p.submit([1, 4], GREEDY, deliver=held)
+        assert p.snapshot().rejected == 1
+        release.set()
+        assert first.wait(10) and second.wait(10)
+        assert threads and all(name.startswith("pyramid-slot-") for name in threads)
+        p.queue_size = None
+        assert p.generate([1, 4], GREEDY.with_(max_tokens=2)).token_ids  # room again
 
 
 # --- pricing against the batch ------------------------------------------------------------------
@@ -363,12 +404,12 @@ def test_a_draft_that_pays_alone_may_not_pay_in_a_batch(
     costs = {"target": target, "draft": draft}
     solo = chain.price(costs, ((0.7, 0.7),), 8, overhead=0.0).best
     assert solo is not None
-    assert (solo.rate >= policy.MIN_GAIN * policy.plain(target, 0.0).rate) is alone
+    assert (solo.rate >= policy.MIN_GAIN * price_plain(target, 0.0).rate) is alone
     rest = Load(size=3, tokens=3.0, slots=3)
     batch = policy.Batch(rest.tokens, target(rest.size), rest.slots)
     shifted = {**costs, "target": target.after(rest.size)}
     best = chain.price(shifted, ((0.7, 0.7),), 8, overhead=0.0, batch=batch).best
-    base = policy.plain(shifted["target"], 0.0, batch=batch)
+    base = price_plain(shifted["target"], 0.0, batch=batch)
     assert best is not None
     assert (best.rate >= batch.factor(policy.MIN_GAIN) * base.rate) is in_batch
     # the batch's rate is what is compared: three plain slots and this one's option
@@ -405,7 +446,7 @@ def test_auto_in_a_batch_speculates_only_where_the_batch_gains(
     stats = GenerationStats(mode="auto")
     sampler = Sampler(GREEDY)
     spec = SpecConfig(mode="auto")
-    rounds, prefill = make_rounds(
+    rounds, prefill = make_scheduler(
         pyramid.ladder, spec, sampler, stats, costs=costs, load=rest if others else None
     )
     prompt = pyramid.tokenize("the model of the tree")

@@ -44,7 +44,7 @@ from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.core.grammar import Grammar
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.runtime import guide as guide_module
-from pyramid_gguf.decoding.runtime.engine import decode, make_guide, make_rounds
+from pyramid_gguf.decoding.runtime.engine import decode, make_guide, make_scheduler
 from pyramid_gguf.decoding.runtime.sampling import Sampler, warp
 from pyramid_gguf.decoding.runtime.stats import GenerationStats
 from pyramid_gguf.decoding.runtime.tiers import ModelTier
@@ -118,7 +118,7 @@ def constrained(
     stats = GenerationStats(mode=spec.mode)
     sampler = Sampler(sampling)
     guide = make_guide(p.ladder, sampling, len(prompt))
-    rounds, prefill = make_rounds(
+    rounds, prefill = make_scheduler(
         p.ladder, spec, sampler, stats, costs=dict(costs or {}), guide=guide
     )
     tokens = list(decode(p.ladder, prompt, rounds, prefill, sampler, stats, None, guide))
@@ -304,7 +304,7 @@ def test_ngram_blocks_are_cut_where_the_grammar_refuses(
 ) -> None:
     """The prompt repeats "the tree", so the n-gram drafter proposes more of it; the grammar
     takes two such words and then only others: the block is cut at the first refused token
-    (``Guide.valid``, in ``stage.verify``) and the answer is the target's."""
+    (``Guide.valid``, in ``verification.verify``) and the answer is the target's."""
     grammar = Grammar.regex(r"( (the|tree)){2}( (of|and|model|data)){2,4}")
     cuts: list[tuple[int, int]] = []
     valid = guide_module.Guide.valid

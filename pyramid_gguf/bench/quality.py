@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..decoding.runtime.tiers import ModelTier
-from ..native import NativeModel
 
 #: Answer rows read per teacher-forced batch (each row is ``n_vocab`` float32).
 ROWS_PER_BATCH = 32
@@ -78,19 +77,19 @@ def score_rows(logits: np.ndarray, tokens: Sequence[int]) -> TokenQuality:
 
 
 @contextmanager
-def _prompt_held(model: NativeModel, prompt: Sequence[int]) -> Iterator[None]:
-    """The cache holds exactly ``prompt[:-1]`` inside, evaluated afresh; empty before and
-    after."""
-    model.reset()
+def _prompt_held(tier: ModelTier, prompt: Sequence[int]) -> Iterator[None]:
+    """The tier's cache holds exactly ``prompt[:-1]`` inside, evaluated afresh; empty before
+    and after."""
+    tier.model.clear()
     try:
-        model.eval(prompt[:-1])
+        tier.model.eval(prompt[:-1])
         yield
     finally:
-        model.reset()
+        tier.model.clear()
 
 
 def _answer_chunks(
-    model: NativeModel, prompt: Sequence[int], answer: Sequence[int]
+    tier: ModelTier, prompt: Sequence[int], answer: Sequence[int]
 ) -> Iterator[tuple[np.ndarray, list[int]]]:
     """The forced rows of ``answer`` from a cache holding ``prompt[:-1]``, which is rolled
     back to that prefix afterwards (same tokens in the same batches each time, so every
@@ -99,9 +98,9 @@ def _answer_chunks(
         feed = [prompt[-1], *answer[:-1]]
         for i in range(0, len(feed), ROWS_PER_BATCH):
             chunk = feed[i : i + ROWS_PER_BATCH]
-            yield model.eval(chunk, range(len(chunk))), list(answer[i : i + len(chunk)])
+            yield tier.model.eval(chunk, range(len(chunk))), list(answer[i : i + len(chunk)])
     finally:
-        model.rollback(len(prompt) - 1)
+        tier.model.rollback(len(prompt) - 1)
 
 
 def forced_chunks(
@@ -110,8 +109,8 @@ def forced_chunks(
     """``tier``'s raw logits predicting each answer token, teacher-forced, a batch at a time:
     ``([c, V] float32, the c answer tokens they predict)``. The cache is emptied before and
     after."""
-    with _prompt_held(tier.model, prompt):
-        yield from _answer_chunks(tier.model, prompt, answer)
+    with _prompt_held(tier, prompt):
+        yield from _answer_chunks(tier, prompt, answer)
 
 
 def score_answer(tier: ModelTier, prompt: Sequence[int], answer: Sequence[int]) -> TokenQuality:
@@ -124,10 +123,9 @@ def score_answers(
 ) -> list[TokenQuality]:
     """Each of ``answers`` (all emitted after the same non-empty ``prompt``) scored under
     ``tier``, as :func:`score_answer` would score it alone, with the prompt evaluated once."""
-    model = tier.model
-    with _prompt_held(model, prompt):
+    with _prompt_held(tier, prompt):
         return [
-            TokenQuality.pooled(score_rows(r, t) for r, t in _answer_chunks(model, prompt, a))
+            TokenQuality.pooled(score_rows(r, t) for r, t in _answer_chunks(tier, prompt, a))
             if a
             else TokenQuality()
             for a in answers

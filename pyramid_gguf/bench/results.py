@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..decoding.runtime.stats import GenerationStats, StageStats
+from ..api import GenerationStats, StageStats
 from .quality import TokenQuality
 from .runner import BenchRun, Sample
 

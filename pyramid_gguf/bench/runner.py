@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import Pyramid
+from ..api import GenerationStats, Pyramid
 from ..core.errors import UserError
 from ..core.sampling import SamplingConfig
-from ..decoding.runtime.stats import GenerationStats
 from .grid import BenchConfig
 from .prompts import BenchPrompt
 from .quality import TokenQuality, score_answers

@@ -11,11 +11,12 @@
 from .calls import CallIds, Delta, Message, ToolCall, diff
 from .grammars import ToolConstraint
 from .templates import ChatTemplate
-from .toolcalls import ToolCallFormat, constraint, detect_tool_format
+from .toolcalls import CallStream, ToolCallFormat, constraint, detect_tool_format
 from .tools import Tool, ToolChoice, ToolRequest, parse_tool_request
 
 __all__ = [
     "CallIds",
+    "CallStream",
     "ChatTemplate",
     "Delta",
     "Message",

@@ -16,7 +16,7 @@ from collections.abc import Container, Sequence
 from typing import Protocol
 
 from ..core.grammar import Grammar, Trigger
-from .calls import CallIds, Message
+from .calls import CallIds, Delta, Message, diff
 from .grammars import ToolConstraint
 from .hermes import HermesFormat
 from .llama3 import Llama3Format
@@ -83,3 +83,29 @@ def constraint(
         return ToolConstraint(None, fmt.triggers(tools, request.parallel, special))
     parallel = request.parallel and request.choice.mode == "required"
     return ToolConstraint(fmt.required_grammar(tools, parallel, special))
+
+
+class CallStream:
+    """One answer's text read as content and tool calls by ``fmt``: :meth:`feed` each text
+    delta (streaming), :meth:`finish` at the end. Call ids are drawn once per call."""
+
+    def __init__(self, fmt: ToolCallFormat, ids: CallIds | None = None) -> None:
+        self.fmt = fmt
+        self.ids = ids or CallIds()
+        self.text = ""
+        self._sent = Message("")
+
+    def feed(self, delta: str) -> Delta:
+        """What the answer so far adds to what was sent: content, then call deltas."""
+        self.text += delta
+        return self._send(self.fmt.parse_partial(self.text, self.ids))
+
+    def finish(self) -> tuple[Message, Delta]:
+        """The whole answer parsed, and what it adds to what was sent."""
+        final = self.fmt.parse(self.text, self.ids)
+        return final, self._send(final)
+
+    def _send(self, current: Message) -> Delta:
+        out = diff(self._sent, current)
+        self._sent = current
+        return out

@@ -74,7 +74,7 @@ def calibrate(device_profile: bool, as_json: bool, **params: Any) -> None:
         cals = pyramid.calibrate(refresh=True, say=lambda m: click.echo(m, err=True))
         costs = pyramid.costs()
         chains = ladder_chains(pyramid.ladder.shape, SpecConfig())
-        weights = {t.name: t.model for t in pyramid.ladder.models}
+        weights = {t.name: t.loaded for t in pyramid.ladder.models}
         saved = _device_profile(pyramid, cals) if device_profile else None
     evens = {c.name: break_even(c, costs) for c in chains if not c.plain}
     if as_json:

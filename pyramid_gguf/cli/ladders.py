@@ -43,6 +43,7 @@ def load_pyramid(
         spec=spec,
         name=resolved.name,
         vram=args.vram,
+        ram=None if args.ram == "auto" else args.ram,
         share_ngrams=share_ngrams,
         say=lambda m: click.echo(m, err=True),
     )

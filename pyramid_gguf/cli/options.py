@@ -117,6 +117,17 @@ cache_type_v_option = click.option(
     help="KV cache type for V.",
 )
 
+#: System RAM as a budget, beside ``--vram`` (``planning/ram.py``).
+ram_option = click.option(
+    "--ram",
+    metavar="SIZE|auto",
+    default="auto",
+    show_default=True,
+    help="System RAM to plan for, e.g. 32GiB, 16GB (auto: this machine's, from /proc/meminfo): "
+    "placements whose host memory exceeds it, less a reserve of max(2GiB, 10%) for the OS, "
+    "are not ranked.",
+)
+
 
 def ladder_options(f: F) -> F:
     """``--draft/--qualifier/--target/--preset`` and how each model is loaded."""
@@ -178,6 +189,7 @@ def ladder_options(f: F) -> F:
                 help="Fit the ladder into this much GPU memory (8GiB, 6GB, 512MiB; auto: "
                 "free memory per nvidia-smi): plans --n-gpu-layers per tier.",
             ),
+            ram_option,
         ],
         f,
     )
@@ -301,6 +313,8 @@ class LadderArgs:
     paths: LadderPaths | None
     load: LoadConfig
     vram: str | None = None
+    #: System RAM the ``--vram`` plan must fit (``auto``: this machine's).
+    ram: str = "auto"
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> LadderArgs:
@@ -314,7 +328,13 @@ class LadderArgs:
         paths = None
         if params.get("target") is not None:
             paths = LadderPaths.of(params["target"], params.get("qualifier"), params.get("draft"))
-        return cls(params.get("preset"), paths, load_config_from(params), params.get("vram"))
+        return cls(
+            params.get("preset"),
+            paths,
+            load_config_from(params),
+            params.get("vram"),
+            params.get("ram") or "auto",
+        )
 
 
 def load_config_from(params: dict[str, Any]) -> LoadConfig:

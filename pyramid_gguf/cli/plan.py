@@ -5,8 +5,10 @@ the tier shapes shipped in ``models.toml`` or its headers on the hub. ``--gpu`` 
 the device profiles (``list`` shows the shipped ones). By default it ranks every placement of
 the ladder (all tiers; no qualifier; the qualifier as the only draft; the draft on the CPU; the
 target alone) by the speed ``auto`` is predicted to reach with it
-(:mod:`pyramid_gguf.planning`), and shows the winner's memory table; ``--fit`` only fits every
-tier, the draft first. Sizes in MiB.
+(:mod:`pyramid_gguf.planning`), beside llama.cpp's own draft-model speculation in the same
+placement, and shows the winner's memory table; ``--fit`` only fits every tier, the draft first.
+System RAM is a budget too (``--ram``, else this machine's): a placement whose host memory does
+not fit is listed apart, not ranked. Sizes in MiB.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from ..core.load import LoadConfig
 from ..models.presets import DEFAULT_PRESET
 from ..models.registry import get_preset
 from ..planning.devices import DEFAULT, catalogue, format_list
-from ..planning.memory import MiB, fmt_mib, parse_size
+from ..planning.memory import GiB, MiB, fmt_mib, parse_size
 from ..planning.plan import PlanInputs, plan_ladder, plan_preset
+from ..planning.ram import SSD_BYTES_PER_S, RamBudget, overflow_bytes, resolve_ram
 from ..planning.rank import Ranking
 from ..planning.tiers import preset_memory
 from ..planning.vram import KvQuant, Plan, fit_ladder, make_plan, resolve_budget
@@ -35,6 +38,7 @@ from .options import (
     cache_type_v_option,
     command,
     ctx_size_option,
+    ram_option,
 )
 
 __all__ = ["format_plan", "format_ranking", "plan"]
@@ -42,8 +46,9 @@ __all__ = ["format_plan", "format_ranking", "plan"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def format_plan(p: Plan) -> str:
-    """The human-readable table of a plan."""
+def format_plan(p: Plan, ram: RamBudget | None = None) -> str:
+    """The human-readable table of a plan (``ram``: with a line on whether its host memory
+    fits that budget)."""
     head = (
         f"{'tier':<10} {'layers':>8} {'GPU w':>9} {'CPU w':>9} {'KV GPU':>8} {'KV CPU':>8} "
         f"{'buf GPU':>8} {'buf CPU':>8} {'GPU tot':>9} {'host':>9}"
@@ -68,6 +73,12 @@ def format_plan(p: Plan) -> str:
         f"GPU total {fmt_mib(p.gpu_bytes)} of {fmt_mib(p.usable_bytes)} MiB usable "
         f"({fmt_mib(p.budget_bytes)} budget); host RAM needed {fmt_mib(p.host_bytes)} MiB"
     )
+    if ram is not None:
+        over = overflow_bytes(p.host_bytes, ram)
+        lines.append(
+            f"RAM: {ram.describe()}: "
+            + (f"does NOT fit, {fmt_mib(over)} MiB over" if over else "fits")
+        )
     flags = " ".join(f"{t.tier}={t.n_gpu_layers}" for t in p.tiers)
     lines.append(
         f"n_gpu_layers: {flags}  (layers = llama.cpp's n_gpu_layers / n_layer+1; the output "
@@ -86,11 +97,14 @@ def format_ranking(r: Ranking) -> str:
     """The ranking table: per placement, each tier's GPU layers and VRAM, plain decoding's and
     ``auto``'s predicted speed, and the chain ``auto`` ran most."""
     head = (
-        f"{'placement':<20} {'draft':>13} {'qualifier':>13} {'target':>13} "
-        f"{'plain tok/s':>11} {'auto tok/s':>10} {'vs best plain':>13}  auto ran"
+        f"{'placement':<20} {'draft':>13} {'qualifier':>13} {'target':>13} {'RAM GiB':>7} "
+        f"{'plain tok/s':>11} {'llama.cpp -md':>13} {'auto tok/s':>10} {'vs best plain':>13}"
+        "  auto ran"
     )
     lines = [
-        "predicted (greedy), per placement; tiers: GPU layers, VRAM MiB",
+        "predicted (greedy), per placement; tiers: GPU layers, VRAM MiB; llama.cpp -md: "
+        "llama-server's draft-model speculation here (tok/s, d or q: the draft or the qualifier "
+        "as its draft / its best --spec-draft-n-max)",
         head,
         "-" * len(head),
     ]
@@ -102,9 +116,21 @@ def format_ranking(r: Ranking) -> str:
                 cells.append(f"{t.n_gpu_layers}/{t.n_layer + 1} {t.gpu_bytes / MiB:.0f}")
             else:
                 cells.append("-")
+        peer = "-"
+        if p.peer is not None:
+            peer = f"{p.peer.tps:.1f} {p.peer.draft[0]}/{p.peer.draft_max}"
+        ram = p.placement.plan.host_bytes / GiB
         lines.append(
-            f"{p.placement.name:<20} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13} "
-            f"{p.plain_tps:>11.1f} {p.tps:>10.1f} {p.speedup:>12.2f}x  {p.main_chain}"
+            f"{p.placement.name:<20} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13} {ram:>7.1f} "
+            f"{p.plain_tps:>11.1f} {peer:>13} {p.tps:>10.1f} {p.speedup:>12.2f}x  "
+            f"{p.main_chain}"
+        )
+    for u in r.unfit:
+        lines.append(
+            f"{u.placement.name:<20} does not fit the RAM: needs {u.host_bytes / GiB:.1f} GiB, "
+            f"{u.over_bytes / GiB:.1f} over; re-reading that from an SSD "
+            f"({SSD_BYTES_PER_S / 1e9:.0f} GB/s) every token: {u.ssd_tps:.2f} tok/s at best "
+            f"(plain, {u.plain_tps:.1f} if it fit)"
         )
     lines += ["-" * len(head), *r.sources()]
     best, plain = r.best, max(p.plain_tps for p in r.predictions)
@@ -169,6 +195,7 @@ def _profile_option(kind: str, hint: str) -> Callable[[F], F]:
     show_default=True,
     help="GPU memory budget, e.g. 8GiB, 6GB, 512MiB (auto: free memory per nvidia-smi).",
 )
+@ram_option
 @ctx_size_option
 @batch_size_option
 @cache_type_k_option
@@ -209,6 +236,7 @@ def plan(
     preset: str | None,
     hub: bool,
     vram: str,
+    ram: str,
     n_ctx: int,
     n_batch: int,
     type_k: str,
@@ -227,8 +255,18 @@ def plan(
     Ranks every placement (all tiers, no qualifier, the qualifier as the only draft, the draft
     on the CPU, the target alone) by the speed auto is predicted to reach, from acceptance
     traces and cost curves composed from device profiles, and shows the winner's layers per
-    tier. --gpu list / --cpu list show the shipped profiles. With --fit: every tier, the draft
-    first, then the qualifier, then the target.
+    tier. Beside it, llama.cpp's own draft-model speculation in the same placement
+    (llama-server -md, greedy matching, its best --spec-draft-n-max; no per-round overhead
+    charged). --gpu list / --cpu list show the shipped profiles. With --fit: every tier, the
+    draft first, then the qualifier, then the target.
+
+    System RAM is a budget too: a placement keeps its CPU layers' weights, their KV cache and
+    compute buffers in host memory. llama.cpp maps the GGUF file, so those weights live in the
+    page cache and count against RAM (repacked CPU weights are copies in ordinary memory: the
+    same bytes). Only placements that fit the RAM (--ram, else this machine's, less a reserve
+    of max(2 GiB, 10%) for the OS) are ranked; one that does not is listed apart with the
+    speed it would reach re-reading its overflow from an SSD every token (3 GB/s assumed), and
+    when none fits, one line says how much RAM, or how much --vram, is missing.
     """
     for kind, name in (("gpu", gpu_name), ("cpu", cpu_name)):
         if name is not None and name.strip().lower() == "list":
@@ -251,7 +289,13 @@ def plan(
             models = preset_memory(get_preset(ladder), hub=hub).models
             order = [(t, models[t]) for t in TIERS if t in models]
             result = make_plan(order, budget, load, kv_quant=quant, margin_bytes=margin_bytes)
-        click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result))
+        budget_ram = resolve_ram(ram)
+        if as_json:
+            doc = result.to_dict()
+            doc["ram"] = budget_ram.to_dict() if budget_ram is not None else None
+            click.echo(json.dumps(doc, indent=2))
+        else:
+            click.echo(format_plan(result, budget_ram))
         return
     inputs = PlanInputs(
         traces=traces_path,
@@ -261,6 +305,7 @@ def plan(
         gpu_offload=True,
         kv_quant=quant,
         margin=margin_bytes,
+        ram=ram,
     )
     if paths is not None:
         ranking = plan_ladder(paths, budget, load, inputs=inputs)
@@ -271,4 +316,4 @@ def plan(
     else:
         click.echo(format_ranking(ranking))
         click.echo("")
-        click.echo(format_plan(ranking.best.placement.plan))
+        click.echo(format_plan(ranking.best.placement.plan, ranking.ram))

@@ -21,12 +21,11 @@ from typing import Any
 
 import click
 
-from ..api import Pyramid
+from ..api import GenerationStats, Pyramid
 from ..core.errors import UserError
 from ..core.sampling import SamplingConfig
 from ..core.spec import SpecConfig
 from ..core.textstream import encode_utf8
-from ..decoding.runtime.stats import GenerationStats
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,
@@ -145,7 +144,7 @@ def run(
         else:
             tokens = pyramid.tokenize(text)
         result = _generate(pyramid, tokens, sampling, spec, stream_text=not as_json)
-        weights = {t.name: t.model.describe_weights() for t in pyramid.ladder.models}
+        weights = {t.name: t.loaded.describe_weights() for t in pyramid.ladder.models}
         _report(result, pyramid.name, as_json=as_json, verbose=verbose, weights=weights)
         if result.finish_reason == "interrupted":
             raise KeyboardInterrupt  # after the partial answer: exit 130, as on any Ctrl-C

@@ -17,6 +17,7 @@ from ..core.errors import UserError
 from ..core.ladder import TIERS, LadderShape
 from ..core.spec import KNOBS, SpecConfig
 from .shapes import TierShape, parse_shape
+from .vocab_check import MAX_SIZE_DIFFERENCE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -134,6 +135,19 @@ def _parse_tier(preset: str, name: str, table: Any, where: str) -> Tier:
     )
 
 
+def _check_shape_vocabularies(tiers: dict[str, Tier], where: str) -> None:
+    """The shipped shapes' vocabulary sizes at most :data:`MAX_SIZE_DIFFERENCE` apart (the
+    size part of llama.cpp's speculative vocabulary rule, checked in full on the files by
+    :mod:`.vocab_check`), so a ladder that could never load is refused before any download."""
+    sizes = {t.name: t.shape.n_vocab for t in tiers.values() if t.shape is not None}
+    if len(sizes) > 1 and max(sizes.values()) - min(sizes.values()) > MAX_SIZE_DIFFERENCE:
+        listed = ", ".join(f"{t} {n}" for t, n in sizes.items())
+        raise UserError(
+            f"{where}: the tiers' vocabularies are more than {MAX_SIZE_DIFFERENCE} tokens apart "
+            f"({listed}), so they cannot speculate for each other"
+        )
+
+
 def _parse_preset(name: str, table: Any) -> Preset:
     where = f"models.toml: preset {name!r}"
     if not isinstance(table, dict):
@@ -146,6 +160,7 @@ def _parse_preset(name: str, table: Any) -> Preset:
         if tier.derived_from and tier.derived_from not in tiers:
             missing = tier.derived_from
             raise UserError(f"{where} tier {tier.name!r}: derived from missing tier {missing!r}")
+    _check_shape_vocabularies(tiers, where)
     knobs = {k: KNOBS[k].check(table[k], f"{where}.{k}") for k in KNOBS if k in table}
     spec = SpecConfig(**knobs)  # type: ignore[arg-type]
     shape = LadderShape(tuple(tiers))

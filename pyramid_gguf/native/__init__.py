@@ -4,6 +4,8 @@
 - :mod:`.handles`: one owner per native object (model, context, batch).
 - :mod:`.buffers`: which buffer types hold the weights; repacking without the AMX kernels.
 - :mod:`.model`: :class:`NativeModel`, evaluation with exactly the logits rows asked for.
+- :mod:`.sequence`: :class:`ModelSequence`, one sequence as decoding sees it, and
+  :class:`SequenceView`, a parallel slot's sequence of a shared model.
 - :mod:`.rollback`: KV-cache rollback (suffix removal or saved sequence states).
 - :mod:`.vocab`: tokenizer and special tokens.
 - :mod:`.grammar`: llguidance's tokenizer built from a model's vocabulary.
@@ -21,12 +23,16 @@ from .backend import (
 from .buffers import build_has_amx_kernels
 from .grammar import grammar_tokenizer
 from .model import EvalTimer, NativeModel, Part
+from .sequence import Evaluate, ModelSequence, SequenceView
 from .vocab import Vocab
 
 __all__ = [
     "EvalTimer",
+    "Evaluate",
+    "ModelSequence",
     "NativeModel",
     "Part",
+    "SequenceView",
     "Vocab",
     "build_has_amx_kernels",
     "build_id",

@@ -1,7 +1,8 @@
 """llguidance's tokenizer for a loaded model: the only caller of ``llguidance.llamacpp``.
 
 Building it reads every token's bytes through llama.cpp (about a second for a 152k vocabulary),
-so it is built once per model and kept as long as the model. It borrows the model's
+so it is built once per loaded model (whichever of its sequences asks) and kept as long as the
+model. It borrows the model's
 ``llama_vocab`` (llguidance tokenizes through it when it compiles a grammar's literals), so,
 like :class:`~.vocab.Vocab`, it must not be used after the model is closed.
 """
@@ -14,24 +15,22 @@ import weakref
 import llguidance
 import llguidance.llamacpp
 
-from .model import NativeModel
+from .sequence import ModelSequence
+from .vocab import Vocab
 
-_TOKENIZERS: weakref.WeakKeyDictionary[NativeModel, llguidance.LLTokenizer] = (
-    weakref.WeakKeyDictionary()
-)
+_TOKENIZERS: weakref.WeakKeyDictionary[Vocab, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 
 
-def grammar_tokenizer(model: NativeModel) -> llguidance.LLTokenizer:
+def grammar_tokenizer(model: ModelSequence) -> llguidance.LLTokenizer:
     """The llguidance tokenizer of ``model`` (cached per model).
 
     Its EOS ids are the model's EOS, then every other end-of-generation id (EOT,
     ``<|endoftext|>``, ``<|file_sep|>``...): any id that ends a generation is allowed where the
     grammar may end. Its ``vocab_size`` is the vocabulary's token count, ``model.n_vocab``.
     """
-    model = model.base  # one per loaded model, whichever sequence asks
-    tokenizer = _TOKENIZERS.get(model)
+    vocab = model.vocab  # one per loaded model, shared by its sequences
+    tokenizer = _TOKENIZERS.get(vocab)
     if tokenizer is None:
-        vocab = model.vocab
         eos = [vocab.eos] if vocab.eos >= 0 else []
         eos += [t for t in range(model.n_vocab) if t not in eos and vocab.is_eog(t)]
         with warnings.catch_warnings():
@@ -42,5 +41,5 @@ def grammar_tokenizer(model: NativeModel) -> llguidance.LLTokenizer:
                 vocab.ptr,
                 eos_token=eos or None,
             )
-        _TOKENIZERS[model] = tokenizer
+        _TOKENIZERS[vocab] = tokenizer
     return tokenizer

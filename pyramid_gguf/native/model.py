@@ -120,12 +120,6 @@ class NativeModel:
     # --- evaluation --------------------------------------------------------------------------
 
     @property
-    def base(self) -> NativeModel:
-        """The model that owns the weights and the context (itself; a slot's view: its
-        model)."""
-        return self
-
-    @property
     def tokens(self) -> list[int]:
         """Tokens sequence 0 holds (the one-sequence view)."""
         return self._held[0]
@@ -216,7 +210,7 @@ class NativeModel:
 
         self._rollbacks[seq].truncate(held, max(n_past, 0), reeval)
 
-    def clear(self, seq: int) -> None:
+    def clear(self, seq: int = 0) -> None:
         """Empty sequence ``seq``'s cache."""
         self._rollbacks[seq].clear()
         self._held[seq].clear()

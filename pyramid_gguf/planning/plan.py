@@ -3,27 +3,31 @@
 ``run --vram``, ``serve --vram``, ``plan`` and :meth:`pyramid_gguf.Pyramid.load` all call
 :func:`plan_ladder`: it reads the tiers' GGUF headers (:mod:`.memory`), resolves the budget
 (:mod:`.vram`), takes the device profiles and acceptance traces (:mod:`.sources`), and ranks
-every placement by the speed ``auto`` is predicted to reach (:mod:`.rank`). A preset is
-planned before download by :func:`plan_preset`, the same set-up over each tier's file, shipped
-shape or hub header (:mod:`.tiers`). :func:`load_plan` turns the winner into the tiers to load
-and each one's load config.
+every placement that fits the machine's RAM (:mod:`.ram`) by the speed ``auto`` is predicted to
+reach (:mod:`.rank`); when none fits, one :class:`UserError` line says what is missing, before
+anything is loaded. A preset is planned before download by :func:`plan_preset`, the same set-up
+over each tier's file, shipped shape or hub header (:mod:`.tiers`). :func:`load_plan` turns the
+winner into the tiers to load and each one's load config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.errors import UserError
 from ..core.ladder import LadderPaths
 from ..core.load import LoadConfig
 from ..core.spec import SpecConfig
 from ..models.registry import get_preset
 from . import sources
-from .memory import ModelMemory, model_memory
-from .rank import Ranking, placements, rank
+from .compose import DeviceProfile, composed_curve
+from .memory import GiB, MiB, ModelMemory, model_memory
+from .ram import RamBudget, overflow_bytes, resolve_ram, ssd_tps
+from .rank import Placement, Ranking, Unfit, placements, rank, replay_plain
 from .tiers import preset_memory
-from .vram import KvQuant, resolve_budget, tier_load_config
+from .vram import KvQuant, make_plan, resolve_budget, tier_load_config
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class PlanInputs:
     gpu_offload: bool | None = None
     kv_quant: KvQuant = "off"
     margin: int | None = None
+    ram: str | int | None = None
 
 
 def plan_ladder(
@@ -108,7 +113,18 @@ def _plan(
     ]
     cpu = sources.cpu_profile(inputs.cpu)
     gpu_profile = gpu.profile if gpu else None
-    ranked = rank(options, models, traces, cpu.profile, gpu_profile, spec=spec)
+    ram = resolve_ram(inputs.ram)
+    fits, unfit = options, []
+    if ram is not None and options:
+        fits = [p for p in options if host_need(p, offload) <= ram.usable_bytes]
+        unfit = [
+            _unfit(p, models, ram, offload, cpu.profile, gpu_profile)
+            for p in options
+            if p not in fits
+        ]
+        if not fits:
+            raise UserError(_no_fit(name, options, models, ram, offload, load, budget, inputs))
+    ranked = rank(fits, models, traces, cpu.profile, gpu_profile, spec=spec)
     return Ranking(
         tuple(ranked),
         traces,
@@ -118,7 +134,82 @@ def _plan(
         cpu_how=cpu.how,
         gpu_how=gpu.how if gpu else "",
         models=notes,
+        ram=ram,
+        unfit=tuple(unfit),
     )
+
+
+def host_need(placement: Placement, offload: bool = True) -> int:
+    """Host memory ``placement`` needs: its plan's host bytes (everything, GPU share included,
+    when this build cannot offload)."""
+    plan = placement.plan
+    return plan.host_bytes + (0 if offload else plan.gpu_bytes)
+
+
+def _unfit(
+    p: Placement,
+    models: Mapping[str, ModelMemory],
+    ram: RamBudget,
+    offload: bool,
+    cpu: DeviceProfile,
+    gpu: DeviceProfile | None,
+) -> Unfit:
+    need = host_need(p, offload)
+    over = overflow_bytes(need, ram)
+    target = p.plan.tier("target")
+    curve = composed_curve(models["target"], p.n_gpu_layers("target"), cpu, gpu)
+    plain = replay_plain(curve)
+    cpu_weights = sum(t.cpu_weight_bytes for t in p.plan.tiers) + (
+        0 if offload else target.gpu_weight_bytes
+    )
+    return Unfit(p, need, over, plain, ssd_tps(1.0 / plain, min(over, max(cpu_weights, 1))))
+
+
+def _no_fit(
+    name: str,
+    options: Sequence[Placement],
+    models: Mapping[str, ModelMemory],
+    ram: RamBudget,
+    offload: bool,
+    load: LoadConfig,
+    budget: int,
+    inputs: PlanInputs,
+) -> str:
+    """The one line that says what is missing when no placement fits the RAM."""
+    least = min(options, key=lambda p: host_need(p, offload))
+    need = host_need(least, offload)
+    line = (
+        f"no placement of {name} fits the RAM: {ram.describe()}; the least any needs is "
+        f"{need / GiB:.1f} GiB ({least.name}): {(need - ram.usable_bytes) / GiB:.1f} GiB more RAM"
+    )
+    if not offload:
+        return line + " (this llama.cpp build cannot offload layers to a GPU)"
+    vram = _vram_for(models["target"], ram, load, budget, inputs)
+    if vram is None:
+        return line + " (a bigger --vram cannot help: the target's CPU share alone is more)"
+    return line + f", or --vram {vram} (where the target alone fits, more of it on the GPU)"
+
+
+def _vram_for(
+    target: ModelMemory, ram: RamBudget, load: LoadConfig, budget: int, inputs: PlanInputs
+) -> str | None:
+    """The smallest ``--vram`` (in steps of 512 MiB) at which the target alone fits ``ram``,
+    or None when no budget does."""
+
+    def need(vram: int) -> int:
+        plan = make_plan([("target", target)], vram, load, kv_quant=inputs.kv_quant,
+                         margin_bytes=inputs.margin)  # fmt: skip
+        return plan.host_bytes
+
+    step = 512 * MiB
+    lo, hi = budget // step, -(-(2 * target.weight_bytes + 8 * GiB) // step)
+    if need(hi * step) > ram.usable_bytes:
+        return None
+    while lo + 1 < hi:  # need(lo) too much, need(hi) fits
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if need(mid * step) <= ram.usable_bytes else (mid, hi)
+    gib = hi * step / GiB
+    return f"{gib:g}GiB"
 
 
 def load_plan(
@@ -147,6 +238,9 @@ def describe(ranking: Ranking, vram: str | int) -> str:
         f"{ranking.traces.ladder} and the {profiles} profiles (pyramid-gguf plan shows the "
         "ranking)"
     )
+    if ranking.ram is not None:
+        need = best.placement.plan.host_bytes
+        line += f"; host RAM {need / GiB:.1f} of {ranking.ram.usable_bytes / GiB:.1f} GiB usable"
     if ranking.gpu is not None and ranking.gpu_how.startswith("default"):
         line += f"; GPU profile {ranking.gpu_how}"
     return line

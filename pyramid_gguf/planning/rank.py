@@ -7,8 +7,10 @@ planner (:func:`~pyramid_gguf.planning.vram.make_plan`). :func:`rank` prices eac
 curve of every tier at its layer split, composed from device profiles
 (:mod:`.compose`), then ``auto`` replayed over acceptance traces recorded on real models
 (:func:`~pyramid_gguf.decoding.offline.replay.replay_trace`): the same rounds, decisions and budget
-a generation would run, priced by those curves. Greedy decoding; every figure is a prediction and
-says what it was predicted from.
+a generation would run, priced by those curves. Beside ``auto``, each placement is priced for
+llama.cpp's own draft-model speculation (``llama-server -md``, :mod:`.peer`), the peer a user
+would run there. Greedy decoding; every figure is a prediction and says what it was predicted
+from.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from ..decoding.offline.traces import TraceSet
 from ..decoding.pricing.costs import CostCurve
 from ..decoding.runtime.auto import ROUND_OVERHEAD
 from .compose import DeviceProfile, Link, composed_curve
-from .memory import ModelMemory
+from .memory import GiB, ModelMemory
+from .peer import PeerSpec, PeerWalks
+from .ram import RamBudget
 from .vram import KvQuant, Plan, make_plan, tier_plan
 
 #: Placement names, in the order they are tried.
@@ -94,7 +98,8 @@ class Prediction:
     ``costs``: each tier's composed cost curve. ``tps``: ``auto``'s generated tokens per second
     over the traces (greedy); ``plain_tps``: plain decoding's in this placement; ``chains``:
     tokens ``auto`` committed per chain; ``speedup``: ``tps`` over the best plain decoding of
-    any placement (filled by :func:`rank`).
+    any placement (filled by :func:`rank`); ``peer``: llama.cpp's draft-model speculation in
+    this placement (:mod:`.peer`; None without a smaller model loaded).
     """
 
     placement: Placement
@@ -103,6 +108,12 @@ class Prediction:
     plain_tps: float
     chains: Mapping[str, int]
     speedup: float = 0.0
+    peer: PeerSpec | None = None
+
+    @property
+    def peer_tps(self) -> float | None:
+        """``peer_spec_tps``: llama.cpp's draft-model speculation here (None: no draft)."""
+        return self.peer.tps if self.peer is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,8 +128,11 @@ class Prediction:
             },
             "type_k": self.placement.plan.load.type_k,
             "type_v": self.placement.plan.load.type_v,
+            "host_bytes": self.placement.plan.host_bytes,
             "plain_tps": round(self.plain_tps, 2),
             "auto_tps": round(self.tps, 2),
+            "peer_spec_tps": None if self.peer is None else round(self.peer.tps, 2),
+            "peer_spec": None if self.peer is None else self.peer.to_dict(),
             "speedup": round(self.speedup, 3),
             "committed_by_chain": dict(self.chains),
             "main_chain": self.main_chain,
@@ -185,11 +199,39 @@ def rank(
 ) -> list[Prediction]:
     """``options`` predicted and sorted fastest first (fewer tiers first among equals); each
     speedup is over the fastest plain decoding of any option (the best a user gets today by
-    fitting the target alone)."""
-    preds = [predict(p, placement_costs(p, models, cpu, gpu, link), traces, spec) for p in options]
+    fitting the target alone). Each carries llama.cpp's draft-model speculation in it."""
+    spec = spec or SpecConfig(mode="auto")
+    walks = PeerWalks(traces, max_draft=spec.max_block)
+    preds = []
+    for p in options:
+        costs = placement_costs(p, models, cpu, gpu, link)
+        preds.append(replace(predict(p, costs, traces, spec), peer=walks.best(costs)))
     baseline = max(p.plain_tps for p in preds)
     preds = [replace(p, speedup=p.tps / baseline) for p in preds]
     return sorted(preds, key=lambda p: (-round(p.tps, 6), len(p.placement.tiers)))
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """A placement left out of the ranking because its host memory (``host_bytes``) exceeds
+    the RAM budget by ``over_bytes``: what plain decoding would reach if it fit
+    (``plain_tps``), and re-reading the overflow from disk every token (``ssd_tps``, at
+    :data:`~.ram.SSD_BYTES_PER_S`: an upper bound)."""
+
+    placement: Placement
+    host_bytes: int
+    over_bytes: int
+    plain_tps: float
+    ssd_tps: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "placement": self.placement.name,
+            "host_bytes": self.host_bytes,
+            "over_bytes": self.over_bytes,
+            "plain_tps": round(self.plain_tps, 2),
+            "ssd_plain_tps": round(self.ssd_tps, 3),
+        }
 
 
 @dataclass(frozen=True)
@@ -197,7 +239,9 @@ class Ranking:
     """A ladder's placements in one budget, fastest first, with what predicted them.
 
     ``ladder``: its name; ``cpu_how`` / ``gpu_how``: how each profile was chosen, in words;
-    ``models``: where each tier's memory facts came from (a file, a shipped shape, the hub).
+    ``models``: where each tier's memory facts came from (a file, a shipped shape, the hub);
+    ``ram``: the host memory budget the placements were checked against (None: unknown, not
+    checked); ``unfit``: the placements left out because they exceed it.
     """
 
     predictions: tuple[Prediction, ...]
@@ -208,17 +252,32 @@ class Ranking:
     cpu_how: str = ""
     gpu_how: str = ""
     models: tuple[str, ...] = ()
+    ram: RamBudget | None = None
+    unfit: tuple[Unfit, ...] = ()
 
     @property
     def best(self) -> Prediction:
         return self.predictions[0]
 
+    @property
+    def best_peer(self) -> Prediction | None:
+        """The placement where llama.cpp's draft-model speculation is fastest (None: no
+        placement loads a smaller model)."""
+        with_peer = [p for p in self.predictions if p.peer is not None]
+        return max(with_peer, key=lambda p: p.peer.tps if p.peer else 0.0) if with_peer else None
+
     def to_dict(self) -> dict[str, Any]:
+        peer = self.best_peer
         return {
             "sources": self.sources(),
             "profiles": {"cpu": self.cpu.name, "gpu": self.gpu.name if self.gpu else None},
+            "ram": self.ram.to_dict() if self.ram is not None else None,
             "placements": [p.to_dict() for p in self.predictions],
+            "not_fitting_ram": [u.to_dict() for u in self.unfit],
             "best": self.best.placement.name,
+            "best_peer_spec": None
+            if peer is None or peer.peer is None
+            else {"placement": peer.placement.name, **peer.peer.to_dict()},
             "plan": self.best.placement.plan.to_dict(),
         }
 
@@ -240,6 +299,20 @@ class Ranking:
         if self.gpu is not None:
             lines.append(_profile_line("GPU", self.gpu, self.gpu_how))
         lines += [f"memory: {m}" for m in self.models]
+        if self.ram is None:
+            lines.append("RAM: not known, so not checked (--ram SIZE checks it)")
+        else:
+            need = self.best.placement.plan.host_bytes
+            lines.append(
+                f"RAM: {self.ram.describe()}; the best placement needs {need / GiB:.1f} GiB "
+                "(CPU layers' weights, mapped from the file, their KV cache and buffers)"
+            )
+        lines.append(
+            "llama.cpp -md: llama-server's draft-model speculation (draft-simple, greedy "
+            "matching) replayed over the same traces and costs, the best smaller tier as its "
+            "draft at its best --spec-draft-n-max and -p-min, no per-round overhead (an upper "
+            "bound)"
+        )
         return lines
 
 

@@ -2,11 +2,12 @@
 
 ``create_app(pyramid, settings)`` returns a FastAPI app with ``GET /health``, ``GET /metrics``
 (Prometheus), ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``
-(streamed as server-sent events when ``stream`` is true). Bodies come from :mod:`.openai`,
-requests are parsed by :mod:`.schemas`, generations run through the bounded queue of
-:mod:`.jobs` on one worker per parallel slot of the pyramid (their model calls batched
-together), and every error is answered in OpenAI's shape (:mod:`.http_errors`).
-:class:`Server` runs it on uvicorn.
+(streamed as server-sent events when ``stream`` is true). Requests are parsed by
+:mod:`.schemas`, chats prepared by :meth:`Pyramid.prepare_chat`, and every generation is
+admitted by :meth:`Pyramid.submit` (the pyramid's bounded queue; its slots' model calls are
+batched together) and read back by a :class:`~.jobs.Reader`; bodies come from :mod:`.openai`,
+and every error is answered in OpenAI's shape (:mod:`.http_errors`). :class:`Server` runs it
+on uvicorn.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,15 +24,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 
-from ..api import Prompt, Pyramid, Response, TokenLogprob
-from .assist import CallStream, chat_sampling
-from .http_errors import ApiError, ApiKeyMiddleware, error_of, install_error_handlers
-from .jobs import ClientGone, Job, JobQueue, Work, shutting_down
+from ..api import Job, Prompt, Pyramid, Response, TokenLogprob
+from ..chat import CallStream
+from .errors import ApiError, error_of
+from .http_errors import ApiKeyMiddleware, install_error_handlers
+from .jobs import ClientGone, Deliver, Reader, Totals, shutting_down
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render as render_metrics
 from .openai import ResponseShape
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .settings import ServerSettings
+
+Submit = Callable[[Deliver], Job]
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -41,7 +44,7 @@ def _sse(data: dict[str, Any] | str) -> str:
 
 
 async def _events(
-    job: Job, first: Response, shape: ResponseShape, calls: CallStream | None
+    reader: Reader, first: Response, shape: ResponseShape, calls: CallStream | None
 ) -> AsyncGenerator[str, None]:
     """The SSE body; leaving early (client gone) cancels the generation. With ``calls`` the
     text is read as content and tool calls, streamed as ``delta.tool_calls``."""
@@ -75,29 +78,56 @@ async def _events(
             elif step.text:
                 yield _sse(shape.chunk(step.text, logprobs=held))
                 held = []
-            step = await job.next()
+            step = await reader.next()
     except Exception as e:  # an error after the headers went out: report it in the stream
         yield _sse(error_of(e).body())
     finally:
-        job.cancel.set()  # no-op once finished; stops the worker if the client left
+        reader.close()  # no-op once finished; stops the generation if the client left
     yield _sse("[DONE]")
 
 
+class _Doors:
+    """The app's open readers and whether it is stopping (its own: several apps may serve one
+    pyramid, one after another in tests)."""
+
+    def __init__(self) -> None:
+        self.readers: set[Reader] = set()
+        self.closing = False
+
+    def stop(self) -> None:
+        """Event loop, when the server starts to stop: refuse new requests and answer every
+        open one with a 503 (its generation stops at its next token)."""
+        self.closing = True
+        for reader in list(self.readers):
+            reader.abort(shutting_down())
+
+    def wait(self) -> None:
+        """Cancel every open generation and wait for each to end (before the models go)."""
+        jobs = [r.job for r in list(self.readers) if r.job is not None]
+        for job in jobs:
+            job.cancel()
+        for job in jobs:
+            job.wait()
+
+
 def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``pyramid`` (which the caller keeps and closes)."""
+    """The FastAPI app serving ``pyramid`` (which the caller keeps and closes); it bounds the
+    pyramid's queue to ``settings.queue_size``."""
     settings = settings or ServerSettings()
-    slots = pyramid.slots
-    queue = JobQueue(settings.queue_size, workers=slots.n_slots)
+    pyramid.queue_size = settings.queue_size
+    totals = Totals()
+    doors = _Doors()
     model_name = settings.model_name or pyramid.name
     base_spec = settings.spec or pyramid.spec
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        await asyncio.to_thread(queue.close)
+        doors.closing = True
+        await asyncio.to_thread(doors.wait)
 
     app = FastAPI(title="pyramid-gguf", lifespan=lifespan)
-    app.state.queue = queue
+    app.state.doors = doors
     app.state.pyramid = pyramid
     install_error_handlers(app)
     if settings.api_key:
@@ -105,21 +135,23 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
+        now = pyramid.snapshot()
         return {
             "status": "ok",
             "model": model_name,
             "mode": base_spec.mode,
-            "in_flight": queue.in_flight,
-            "slots_idle": slots.n_slots - slots.busy,
-            "slots_processing": slots.busy,
-            "queue_size": queue.queue_size,
-            "completed": queue.completed,
-            "cancelled": queue.cancelled,
+            "in_flight": now.busy + now.queued,
+            "slots_idle": now.slots - now.busy,
+            "slots_processing": now.busy,
+            "queue_size": now.queue_size,
+            "completed": now.completed,
+            "cancelled": now.cancelled,
         }
 
     @app.get("/metrics")
     async def metrics() -> HTTPResponse:
-        return HTTPResponse(render_metrics(queue, slots), media_type=METRICS_TYPE)
+        body = render_metrics(pyramid.snapshot(), totals)
+        return HTTPResponse(body, media_type=METRICS_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -137,27 +169,29 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
         request: Request,
         body: GenerationRequest,
         shape: ResponseShape,
-        work: Work,
+        submit: Submit,
         calls: CallStream | None = None,
     ) -> HTTPResponse:
-        job = queue.submit(work)
+        if doors.closing:
+            raise shutting_down()
+        reader = Reader(totals, doors.readers).open(submit)
         try:
-            async with job.watching(request):
-                first = await job.next()
+            async with reader.watching(request):
+                first = await reader.next()
         except ClientGone:
             return HTTPResponse(status_code=499)
         except BaseException:
-            job.cancel.set()
+            reader.close()
             raise
-        if first is None:  # cancelled before it started, and not by its client
+        if first is None:  # ended before its first step, and not by its client
             raise shutting_down()
         if body.stream:
             return StreamingResponse(
-                _events(job, first, shape, calls),
+                _events(reader, first, shape, calls),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await _collect(request, job, first, shape, calls)
+        return await _collect(request, reader, first, shape, calls)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
@@ -168,32 +202,32 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
 
         top = body.top_logprobs()
 
-        def work(cancel: threading.Event) -> Iterator[Response]:
-            return pyramid.stream(prompt, sampling, spec, cancel=cancel, logprobs=top)
+        def submit(deliver: Deliver) -> Job:
+            return pyramid.submit(prompt, sampling, spec, deliver=deliver, logprobs=top)
 
         shape = ResponseShape(
             chat=False, model=model_name, include_usage=body.include_usage, logprobs=top is not None
         )
-        return await serve(request, body, shape, work)
+        return await serve(request, body, shape, submit)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
         sampling, spec = body.sampling(settings.sampling), body.spec(base_spec)
-        plan = chat_sampling(pyramid, sampling, body.tool_request(), settings.chat_template)
         messages = [m.as_dict() for m in body.messages]
+        tools = body.tool_request()
         top = body.top_logprobs()
+        chat = pyramid.prepare_chat(messages, sampling, tools, settings.chat_template)
 
-        def work(cancel: threading.Event) -> Iterator[Response]:
-            tokens = pyramid.chat_tokens(messages, settings.chat_template, tools=plan.rendered)
-            return pyramid.stream(
-                tokens, plan.sampling, spec, cancel=cancel, logprobs=top, special=plan.special
-            )
+        def submit(deliver: Deliver) -> Job:
+            return pyramid.submit(
+                chat.tokens, chat.sampling, spec, deliver=deliver, logprobs=top,
+                special=chat.special,
+            )  # fmt: skip
 
         shape = ResponseShape(
             chat=True, model=model_name, include_usage=body.include_usage, logprobs=top is not None
         )
-        calls = CallStream(plan.calls) if plan.calls is not None else None
-        return await serve(request, body, shape, work, calls)
+        return await serve(request, body, shape, submit, chat.reader())
 
     return app
 
@@ -210,7 +244,11 @@ def _check_token_ids(prompt: Sequence[int], n_vocab: int) -> None:
 
 
 async def _collect(
-    request: Request, job: Job, first: Response, shape: ResponseShape, calls: CallStream | None
+    request: Request,
+    reader: Reader,
+    first: Response,
+    shape: ResponseShape,
+    calls: CallStream | None,
 ) -> HTTPResponse:
     """Join a whole generation into one JSON body (its text read as content and tool calls
     with ``calls``); a client that leaves cancels it at once."""
@@ -219,16 +257,16 @@ async def _collect(
     step: Response | None = first
     last = first
     try:
-        async with job.watching(request):
+        async with reader.watching(request):
             while step is not None:
                 texts.append(step.text)
                 logprobs += step.logprobs
                 last = step
-                step = await job.next()
+                step = await reader.next()
     except ClientGone:
         return HTTPResponse(status_code=499)
     finally:
-        job.cancel.set()
+        reader.close()
     text = "".join(texts)
     message = calls.fmt.parse(text, calls.ids) if calls is not None else None
     return JSONResponse(shape.full(text, last.finish_reason, last.stats, logprobs, message))
@@ -243,7 +281,7 @@ class Server(uvicorn.Server):
     """
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        queue = getattr(getattr(self.config.app, "state", None), "queue", None)
-        if isinstance(queue, JobQueue):
-            queue.shutdown()
+        doors = getattr(getattr(self.config.app, "state", None), "doors", None)
+        if isinstance(doors, _Doors):
+            doors.stop()
         await super().shutdown(sockets)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..decoding.runtime.slots import SlotPool
-from .jobs import JobQueue
+from ..api import PoolSnapshot
+from .jobs import Totals
 
 PREFIX = "pyramid_gguf:"
 #: Prometheus's text exposition format.
@@ -43,13 +43,10 @@ def _one(name: str, kind: str, help: str, value: float) -> Metric:
     return Metric(name, kind, help, (("", value),))
 
 
-def collect(queue: JobQueue, slots: SlotPool) -> list[Metric]:
-    """Every metric, read now (the counters are read without stopping the engine)."""
-    t = queue.totals
-    c = slots.batcher.counters
-    busy = slots.busy
+def collect(now: PoolSnapshot, totals: Totals) -> list[Metric]:
+    """Every metric, from the pool's snapshot ``now`` and the server's ``totals``."""
+    t, c = totals, now.batches
     per_tier = tuple((f'{{tier="{name}"}}', float(n)) for name, n in c.tokens.items())
-    cached = sum(len(m.model.held(s.seq)) for s in slots.slots for m in slots.ladder.models)
     return [
         _one("prompt_tokens_total", "counter", "Prompt tokens evaluated.", t.prompt_evaluated),
         _one("prompt_seconds_total", "counter", "Prompt processing time.", t.prompt_seconds),
@@ -73,24 +70,24 @@ def collect(queue: JobQueue, slots: SlotPool) -> list[Metric]:
             "tokens_per_second",
             "gauge",
             "Tokens generated per second by all requests, over the last 10 s.",
-            queue.tokens_per_second(),
+            t.tokens_per_second(),
         ),
-        _one("kv_cache_tokens", "gauge", "Tokens held in every tier's KV cache.", cached),
-        _one("slots", "gauge", "Parallel slots.", slots.n_slots),
-        _one("requests_processing", "gauge", "Requests holding a slot.", busy),
+        _one("kv_cache_tokens", "gauge", "Tokens in every tier's KV cache.", now.cached_tokens),
+        _one("slots", "gauge", "Parallel slots.", now.slots),
+        _one("requests_processing", "gauge", "Requests holding a slot.", now.busy),
+        _one("requests_deferred", "gauge", "Admitted requests waiting for a slot.", now.queued),
         _one(
-            "requests_deferred",
+            "queue_size",
             "gauge",
-            "Admitted requests waiting for a slot.",
-            max(queue.in_flight - busy, 0),
+            "Requests admitted at once (more get 503).",
+            now.queue_size if now.queue_size is not None else 0,
         ),
-        _one("queue_size", "gauge", "Requests admitted at once (more get 503).", queue.queue_size),
-        _one("requests_completed_total", "counter", "Requests answered.", queue.completed),
-        _one("requests_cancelled_total", "counter", "Requests cancelled.", queue.cancelled),
-        _one("requests_rejected_total", "counter", "Requests refused with 503.", t.rejected),
+        _one("requests_completed_total", "counter", "Requests answered.", now.completed),
+        _one("requests_cancelled_total", "counter", "Requests cancelled.", now.cancelled),
+        _one("requests_rejected_total", "counter", "Requests refused with 503.", now.rejected),
     ]
 
 
-def render(queue: JobQueue, slots: SlotPool) -> str:
+def render(now: PoolSnapshot, totals: Totals) -> str:
     """The ``/metrics`` body."""
-    return "\n".join(m.render() for m in collect(queue, slots)) + "\n"
+    return "\n".join(m.render() for m in collect(now, totals)) + "\n"

@@ -4,7 +4,9 @@
 its whole body or its streamed chunks; :func:`usage` and :func:`timings` (llama-server names,
 per-stage ``draft_n`` / ``draft_n_accepted``) are attached to both. The HTTP server and the
 llama-cpp-python style helpers :func:`create_completion` and :func:`create_chat_completion`
-(an OpenAI dict from a :class:`~pyramid_gguf.api.Pyramid`, no server) use it alike.
+(an OpenAI dict from a :class:`~pyramid_gguf.api.Pyramid`, no server, no web framework) use it
+alike; a chat is prepared by :meth:`Pyramid.prepare_chat <pyramid_gguf.api.Pyramid.prepare_chat>`
+for both.
 """
 
 from __future__ import annotations
@@ -15,17 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from ..api import Prompt, Pyramid, TokenLogprob
+from ..api import GenerationStats, Prompt, Pyramid, TokenLogprob
 from ..chat import Message
 from ..core.errors import UserError
 from ..core.sampling import SamplingConfig
 from ..core.spec import SpecConfig
-from ..decoding.runtime.stats import GenerationStats
-from .assist import chat_sampling
-from .http_errors import ApiError, validation_error
+from .errors import ApiError, validation_error
 from .schemas import ChatCompletionRequest
 
 
@@ -260,10 +259,9 @@ def create_chat_completion(
     except ApiError as e:
         raise UserError(e.message) from None
     except ValidationError as e:
-        raise UserError(validation_error(RequestValidationError(e.errors())).message) from None
-    plan = chat_sampling(pyramid, sampling, offered, chat_template)
-    tokens = pyramid.chat_tokens(turns, chat_template, tools=plan.rendered)
-    c = pyramid.generate(tokens, plan.sampling, spec, special=plan.special)
-    message = plan.calls.parse(c.text) if plan.calls is not None else None
+        raise UserError(validation_error(e.errors()).message) from None
+    chat = pyramid.prepare_chat(turns, sampling, offered, chat_template)
+    c = pyramid.generate(chat.tokens, chat.sampling, spec, special=chat.special)
+    message = chat.calls.parse(c.text) if chat.calls is not None else None
     shape = ResponseShape(chat=True, model=pyramid.name)
     return shape.full(c.text, c.finish_reason, c.stats, message=message)

@@ -24,7 +24,7 @@ from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
 from ..core.spec import SPEC_KNOBS, SpecConfig
 from ..core.textstream import encode_utf8
 from ..grammar import check_grammar
-from .http_errors import ApiError
+from .errors import ApiError
 
 
 def _same(value: Any, neutral: Any) -> bool:

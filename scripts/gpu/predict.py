@@ -25,9 +25,9 @@ from typing import Any
 
 from pyramid_gguf.core.ladder import LadderShape
 from pyramid_gguf.core.spec import SpecConfig
-from pyramid_gguf.decoding.pricing.chains import Chain, ladder_chains
+from pyramid_gguf.decoding.pricing.chains import MAX_L_D, Chain, ladder_chains, price_plain
 from pyramid_gguf.decoding.pricing.costs import CostCurve
-from pyramid_gguf.decoding.pricing.policy import MAX_L_D, choose, expected_tokens, plain
+from pyramid_gguf.decoding.pricing.policy import choose, expected_tokens
 
 #: auto's chains over a draft / qualifier / target ladder, by name.
 CHAINS: dict[str, Chain] = {
@@ -154,7 +154,7 @@ def main() -> None:
     sd_keep = keep.get("sd", {}).get(DRAFT_TARGET, 0.0)
     dq, qt = exact.get(DRAFT_QUALIFIER, 0.0), exact.get(QUALIFIER_TARGET, 0.0)
     auto = choose(
-        plain(c["target"], 0.0),
+        price_plain(c["target"], 0.0),
         [
             CHAINS["draft"].price(c, [(sd_keep, sd_keep)], 16, overhead=0.0).best,
             CHAINS["pyramid"].price(c, [(dq, dq), (qt, qt)], 16, overhead=0.0).best,

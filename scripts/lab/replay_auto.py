@@ -3,7 +3,7 @@ cost curve, with no model loaded; and llama.cpp's n-gram drafters on the same an
 
 ``record`` decodes every shipped prompt (and the README's first one) with plain greedy
 decoding on the default ladder's target and saves prompt and answer tokens with the target's
-measured cost curve. ``replay`` runs :class:`~pyramid_gguf.decoding.runtime.auto.AutoRounds` on
+measured cost curve. ``replay`` runs :class:`~pyramid_gguf.decoding.runtime.auto.AutoScheduler` on
 those answers against a scripted target (:mod:`pyramid_gguf.decoding.offline.replay`) and prints,
 per prompt set and answer length, the speedup over plain decoding that the cost model predicts: what
 ``auto`` would do on the real target, near-ties aside. Change a constant in

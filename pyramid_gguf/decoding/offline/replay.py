@@ -9,7 +9,7 @@ evaluation is charged its price on the tier's :class:`~.costs.CostCurve` (the ta
 :data:`~.auto.ROUND_OVERHEAD`), catching up included.
 
 :func:`replay_trace` runs the same rounds a generation runs (``auto`` or a fixed mode, through
-:func:`~.engine.make_rounds`) over one trace, greedy: the first answer token comes from the
+:func:`~.engine.make_scheduler`) over one trace, greedy: the first answer token comes from the
 prompt's evaluation, as in :func:`~.engine.decode`, and is not charged. Under greedy
 verification the committed tokens are the answer, so what a replay predicts is the time: what
 the mode would do with the real models on a machine with these cost curves, except where the
@@ -30,7 +30,7 @@ from ...core.sampling import SamplingConfig
 from ...core.spec import SpecConfig
 from ..pricing.costs import CostCurve
 from ..runtime.auto import ROUND_OVERHEAD
-from ..runtime.engine import make_rounds
+from ..runtime.engine import make_scheduler
 from ..runtime.sampling import Sampler
 from ..runtime.stats import AutoStats, GenerationStats
 from ..runtime.tiers import Ladder, ModelTier, common_prefix
@@ -239,7 +239,7 @@ def replay_trace(
     )
     stats = GenerationStats(mode=spec.mode)
     sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(trace.answer)))
-    rounds, prefill = make_rounds(ladder, spec, sampler, stats, costs=dict(costs))
+    scheduler, prefill = make_scheduler(ladder, spec, sampler, stats, costs=dict(costs))
     for tier in prefill:  # the prompt, evaluated before generation starts
         if isinstance(tier, ScriptedTier):
             tier.tokens = list(prompt)
@@ -248,8 +248,8 @@ def replay_trace(
     if first_free and end > start:
         committed.append(text[start])
     while len(committed) < end:
-        rounds.sync(committed)
-        committed += rounds.run(committed, end - len(committed))[: end - len(committed)]
+        scheduler.sync(committed)
+        committed += scheduler.run(committed, end - len(committed))[: end - len(committed)]
     seconds = target.seconds + sum(t.seconds for t in scripted.values())
     rounds_plain = len(trace.answer) - (1 if first_free else 0)
     plain = rounds_plain * (costs["target"](1) + ROUND_OVERHEAD)

@@ -12,7 +12,14 @@ table, once:
 - ``calibrate``, ``tune``, the planner and the prediction scripts price that same list with
   :meth:`Chain.price`.
 
-Pure Python: a chain names tiers; :mod:`.rounds` runs it on loaded models.
+What a round of each chain costs and commits is one function per shape of chain, priced on the
+tiers' :class:`~.costs.CostCurve` and scored by :func:`~.policy.best_block` (expected committed
+tokens per second at each block size): :func:`price_plain`, :func:`price_ngram`,
+:func:`price_draft` (a model drafting for the target) and :func:`price_pyramid`;
+:meth:`Chain.price` picks the one of its shape.
+
+Pure Python: a chain names tiers; :class:`~pyramid_gguf.decoding.runtime.rounds.RoundRunner`
+runs it on loaded models.
 """
 
 from __future__ import annotations
@@ -34,6 +41,11 @@ RuleKind = Literal["exact", "fuzzy", "greedy-match"]
 
 #: A stage's keep probabilities: of its first proposal, and of each one after a kept one.
 Keep = tuple[float, float]
+#: A tier that lags behind the committed text catches up when next used; that cost is spread
+#: over this many rounds when pricing a chain (it is paid once, not every round).
+CATCH_UP_ROUNDS = 8
+#: Longest draft a model proposes per qualifier check in a pyramid.
+MAX_L_D = 8
 
 
 @dataclass(frozen=True)
@@ -135,7 +147,8 @@ class Chain:
         forced: int = 0,
         batch: policy.Batch = policy.SOLO,
     ) -> policy.Pick:
-        """This chain's best next round (:func:`policy.best_block` over block sizes).
+        """This chain's best next round, by the price function of its shape (:func:`price_plain`,
+        :func:`price_ngram`, :func:`price_draft`, :func:`price_pyramid`).
 
         ``costs``: each tier's :class:`CostCurve` by name. ``keeps``: per stage (bottom-up)
         the keep probabilities of its proposals. ``lags``: committed tokens each model below
@@ -148,23 +161,23 @@ class Chain:
         target = costs["target"]
         lags = lags or {}
         if self.plain:
-            base = policy.plain(target, overhead, forced, batch)
+            base = price_plain(target, overhead, forced, batch)
             return policy.Pick(base, base)
         if self.bottom == NGRAM_TIER and len(self.rules) == 1:
             first, after = keeps[0]
             n = max_k if available is None else available
-            return policy.ngram(target, first, after, n, max_k, overhead, budget, forced, batch)
+            return price_ngram(target, first, after, n, max_k, overhead, budget, forced, batch)
         if self.bottom != NGRAM_TIER and len(self.rules) == 1:
             model = self.bottom
             keep = keeps[0][0]
             lag = lags.get(model, 0)
-            return policy.draft(
+            return price_draft(
                 model, target, costs[model], keep, max_k, lag, overhead, budget, forced, batch
             )
         if self.bottom != NGRAM_TIER and len(self.rules) == 2:
             lower, middle = self.tiers[0], self.tiers[1]
             pair = (lags.get(lower, 0), lags.get(middle, 0))
-            return policy.pyramid(
+            return price_pyramid(
                 target,
                 costs[middle],
                 costs[lower],
@@ -220,11 +233,93 @@ def ladder_chains(shape: LadderShape, spec: SpecConfig) -> tuple[Chain, ...]:
     return tuple(out)
 
 
+# --- what a round of each chain costs and commits ---------------------------------------------
+
+
+def price_plain(
+    target: CostCurve, overhead: float, forced: int = 0, batch: policy.Batch = policy.SOLO
+) -> policy.Option:
+    """Plain decoding: one token per one-token evaluation. With ``forced`` tokens of a grammar
+    (certain to be kept), they and the target's next token in one evaluation."""
+    return policy.Option("target", 0, 1.0 + forced, target(1 + forced) + overhead, batch=batch)
+
+
+def price_ngram(
+    target: CostCurve,
+    first: float,
+    after: float,
+    available: int,
+    max_k: int,
+    overhead: float,
+    budget: policy.Budget | None = None,
+    forced: int = 0,
+    batch: policy.Batch = policy.SOLO,
+) -> policy.Pick:
+    """Proposing up to ``available`` n-gram tokens (drafting costs nothing) after ``forced``
+    tokens of a grammar (kept for certain, verified in the same batch)."""
+    ks = range(1, min(available, max_k) + 1)
+    tokens = [forced + policy.expected_tokens(first, after, k) for k in ks]
+    seconds = [target(k + forced + 1) + overhead for k in ks]
+    return policy.best_block("ngram", tokens, seconds, budget=budget, batch=batch)
+
+
+def price_draft(
+    name: str,
+    target: CostCurve,
+    model: CostCurve,
+    keep: float,
+    max_k: int,
+    lag: int,
+    overhead: float,
+    budget: policy.Budget | None = None,
+    forced: int = 0,
+    batch: policy.Batch = policy.SOLO,
+) -> policy.Pick:
+    """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``), after
+    ``forced`` tokens of a grammar (the model reads them with its first draft step)."""
+    catch_up = model(lag) / CATCH_UP_ROUNDS + (model(forced + 1) - model(1) if forced else 0.0)
+    one = model(1)
+    ks = range(1, max_k + 1)
+    tokens = [forced + policy.expected_tokens(keep, keep, k) for k in ks]
+    seconds = [k * one + catch_up + target(k + forced + 1) + overhead for k in ks]
+    return policy.best_block(name, tokens, seconds, budget=budget, batch=batch)
+
+
+def price_pyramid(
+    target: CostCurve,
+    qualifier: CostCurve,
+    bottom: CostCurve,
+    keep_dq: float,
+    keep_qt: float,
+    max_k: int,
+    lags: tuple[int, int],
+    overhead: float,
+    budget: policy.Budget | None = None,
+    forced: int = 0,
+    batch: policy.Batch = policy.SOLO,
+) -> policy.Pick:
+    """Draft -> qualifier -> target: the qualifier fills a buffer of ``k`` tokens from checks
+    of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``), after
+    ``forced`` tokens of a grammar."""
+    catch_up = (bottom(lags[0] + forced) + qualifier(lags[1] + forced)) / CATCH_UP_ROUNDS
+    ks = range(1, max_k + 1)
+    tokens = [forced + policy.expected_tokens(keep_qt, keep_qt, k) for k in ks]
+    verify = [target(k + forced + 1) for k in ks]
+    one = bottom(1)
+    pick = policy.Pick()
+    for l_d in range(1, MAX_L_D + 1):
+        per_check = l_d * one + qualifier(l_d + 1) + overhead
+        per_token = per_check / policy.expected_tokens(keep_dq, keep_dq, l_d)
+        seconds = [k * per_token + catch_up + v + overhead for k, v in zip(ks, verify, strict=True)]
+        pick = pick | policy.best_block("pyramid", tokens, seconds, l_d, budget, batch)
+    return pick
+
+
 def break_even(chain: Chain, costs: Mapping[str, CostCurve], max_k: int = 16) -> float | None:
     """The smallest keep probability (to 0.01, every proposal of every stage alike) at which
     ``chain``'s best round beats plain decoding by :data:`~.policy.MIN_GAIN` on these cost
     curves, or None when it never does."""
-    plain = policy.plain(costs["target"], 0.0)
+    plain = price_plain(costs["target"], 0.0)
     for i in range(1, 101):
         keeps = ((i / 100, i / 100),) * len(chain.rules)
         best = chain.price(costs, keeps, max_k, overhead=0.0, available=max_k).best

@@ -1,11 +1,13 @@
-"""The arithmetic of ``auto``: expected tokens per second of each chain at each block size.
+"""The arithmetic of ``auto``'s choice: options scored by expected tokens per second, the
+budget a round may lose, and the choice among them.
 
 A round that proposes ``k`` tokens whose keep probabilities are ``a_1, a_2, ...`` commits
-``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k`` tokens in expectation (the verifier always adds
-one) and costs the drafting, any qualifier checks and one target evaluation of ``k + 1``
-tokens, priced by the tiers' measured :class:`~.costs.CostCurve`. Every option is scored by
-``E / cost``; the best one wins, and plain decoding wins ties (and anything within
-:data:`MIN_GAIN`).
+``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k`` tokens in expectation (:func:`expected_tokens`;
+the verifier always adds one) and costs the drafting, any qualifier checks and one target
+evaluation of ``k + 1`` tokens, priced by the tiers' measured :class:`~.costs.CostCurve` (each
+chain's price function is in :mod:`.chains`). Every :class:`Option` is scored by ``E / cost``
+(:func:`best_block` over block sizes); the best one wins (:func:`choose`), and plain decoding
+wins ties (and anything within :data:`MIN_GAIN`).
 
 Estimates are means, and a mean that promises a little (a few percent) is wrong about as often
 as it is right: text that does not copy pays for every such bet and wins none. So every round
@@ -27,8 +29,6 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .costs import CostCurve
-
 #: A speculative option must beat plain decoding by this factor to be chosen (estimates are
 #: noisy; a near-tie is not worth the risk of being slower).
 MIN_GAIN = 1.03
@@ -49,11 +49,6 @@ SHADOW_CREDIT = 0.5
 #: on GPU-shaped curves, a draft keeping 0.3 that pays 1.2x was never run again after its first
 #: three rounds lost 0.02 s). Bounded: a generation loses at most this share plus one token.
 EXPLORE_SHARE = 0.02
-#: A tier that lags behind the committed text catches up when next used; that cost is spread
-#: over this many rounds when pricing a chain (it is paid once, not every round).
-CATCH_UP_ROUNDS = 8
-#: Longest draft a model proposes per qualifier check in a pyramid.
-MAX_L_D = 8
 
 
 @dataclass(frozen=True)
@@ -235,83 +230,6 @@ def best_block(
 
     best = option(best_k)
     return Pick(best, best if allowed_k == best_k else option(allowed_k), refused)
-
-
-def plain(target: CostCurve, overhead: float, forced: int = 0, batch: Batch = SOLO) -> Option:
-    """Plain decoding: one token per one-token evaluation. With ``forced`` tokens of a grammar
-    (certain to be kept), they and the target's next token in one evaluation."""
-    return Option("target", 0, 1.0 + forced, target(1 + forced) + overhead, batch=batch)
-
-
-def ngram(
-    target: CostCurve,
-    first: float,
-    after: float,
-    available: int,
-    max_k: int,
-    overhead: float,
-    budget: Budget | None = None,
-    forced: int = 0,
-    batch: Batch = SOLO,
-) -> Pick:
-    """Proposing up to ``available`` n-gram tokens (drafting costs nothing) after ``forced``
-    tokens of a grammar (kept for certain, verified in the same batch)."""
-    ks = range(1, min(available, max_k) + 1)
-    tokens = [forced + expected_tokens(first, after, k) for k in ks]
-    seconds = [target(k + forced + 1) + overhead for k in ks]
-    return best_block("ngram", tokens, seconds, budget=budget, batch=batch)
-
-
-def draft(
-    name: str,
-    target: CostCurve,
-    model: CostCurve,
-    keep: float,
-    max_k: int,
-    lag: int,
-    overhead: float,
-    budget: Budget | None = None,
-    forced: int = 0,
-    batch: Batch = SOLO,
-) -> Pick:
-    """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``), after
-    ``forced`` tokens of a grammar (the model reads them with its first draft step)."""
-    catch_up = model(lag) / CATCH_UP_ROUNDS + (model(forced + 1) - model(1) if forced else 0.0)
-    one = model(1)
-    ks = range(1, max_k + 1)
-    tokens = [forced + expected_tokens(keep, keep, k) for k in ks]
-    seconds = [k * one + catch_up + target(k + forced + 1) + overhead for k in ks]
-    return best_block(name, tokens, seconds, budget=budget, batch=batch)
-
-
-def pyramid(
-    target: CostCurve,
-    qualifier: CostCurve,
-    bottom: CostCurve,
-    keep_dq: float,
-    keep_qt: float,
-    max_k: int,
-    lags: tuple[int, int],
-    overhead: float,
-    budget: Budget | None = None,
-    forced: int = 0,
-    batch: Batch = SOLO,
-) -> Pick:
-    """Draft -> qualifier -> target: the qualifier fills a buffer of ``k`` tokens from checks
-    of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``), after
-    ``forced`` tokens of a grammar."""
-    catch_up = (bottom(lags[0] + forced) + qualifier(lags[1] + forced)) / CATCH_UP_ROUNDS
-    ks = range(1, max_k + 1)
-    tokens = [forced + expected_tokens(keep_qt, keep_qt, k) for k in ks]
-    verify = [target(k + forced + 1) for k in ks]
-    one = bottom(1)
-    pick = Pick()
-    for l_d in range(1, MAX_L_D + 1):
-        per_check = l_d * one + qualifier(l_d + 1) + overhead
-        per_token = per_check / expected_tokens(keep_dq, keep_dq, l_d)
-        seconds = [k * per_token + catch_up + v + overhead for k, v in zip(ks, verify, strict=True)]
-        pick = pick | best_block("pyramid", tokens, seconds, l_d, budget, batch)
-    return pick
 
 
 def choose(base: Option, options: Iterable[Option | None]) -> Option:

@@ -1,11 +1,14 @@
 """``auto``: each round, run the chain and block size with the most expected tokens per second.
 
-:class:`AutoRounds` scores every chain the ladder offers with :mod:`.policy` (the tiers' cost
-curves and the online acceptance estimates of :mod:`.estimates`), runs the best one with the
-same proposers and verification as the fixed modes, and learns from the outcome:
+:class:`AutoScheduler` prices every chain the ladder offers (:meth:`~.chains.Chain.price`: the
+tiers' cost curves and the online keep-rate estimates of :mod:`.estimates`), chooses with
+:func:`~.policy.choose` within the round's :class:`~.policy.Budget`, runs the choice through the
+same :class:`~.rounds.RoundRunner` and proposers as the fixed modes, and learns from the
+outcome:
 
 - ``target``: plain decoding (also whenever nothing else pays);
-- ``ngram``: the n-gram drafter's continuation, sized by its match length;
+- ``ngram``: the n-gram drafter's continuation (:class:`~.proposers.NGramProposer`), sized by
+  its match length;
 - ``draft`` / ``qualifier``: that model drafts for the target (``sd``), stopping early when
   its confidence no longer pays for the verification;
 - ``pyramid``: draft -> qualifier -> target (``psd-exact``).
@@ -18,10 +21,9 @@ target's own tokens show how much of it would have been kept, it teaches the n-g
 and credits the budget (:data:`~.policy.SHADOW_CREDIT`), at no cost. Text that copies thus
 earns its first bets while decoding plainly; text that only echoes a phrase does not.
 
-The chains are :func:`~.chains.ladder_chains` of the ladder, run by the same
-:class:`~.rounds.Runner` as the fixed modes. They are lossless (exact rules) unless
-``allow_lossy``, which makes the model chains use the fuzzy rules (``fsd``, ``psd-f`` with
-``tau_t`` / ``tau_q``). Tiers other than the target are never prefilled: a model catches up on
+The chains are :func:`~.chains.ladder_chains` of the ladder. They are lossless (exact rules)
+unless ``allow_lossy``, which makes the model chains use the fuzzy rules (``fsd``, ``psd-f``
+with ``tau_t`` / ``tau_q``). Tiers other than the target are never prefilled: a model catches up on
 the committed text only if and when it is chosen.
 
 In a batch of parallel slots (``load``), each round is priced against the batch it rides in:
@@ -39,16 +41,15 @@ from typing import Protocol
 
 from ...core.spec import SpecConfig
 from ..pricing import policy
-from ..pricing.chains import NGRAM_TIER, Chain, Keep, ladder_chains
+from ..pricing.chains import NGRAM_TIER, Chain, Keep, ladder_chains, price_plain
 from ..pricing.costs import CostCurve
 from ..pricing.estimates import ChainAcceptance, NGramAcceptance
 from ..pricing.policy import Option, Pick
 from .batcher import Load
 from .guide import Guide
-from .ngram import Match, NGramDrafter, NGramPool
-from .proposers import Admit, DraftProposer, Observe
-from .protocol import Block
-from .rounds import Runner
+from .ngram import Match, NGramPool
+from .proposers import Admit, DraftProposer, NGramProposer, Observe, Proposer
+from .rounds import RoundRunner
 from .sampling import Sampler
 from .stats import AutoStats, GenerationStats
 from .tiers import Ladder, common_prefix
@@ -88,7 +89,7 @@ class Shadow:
         return self.match.continuation[: self.option.k]
 
 
-class AutoRounds:
+class AutoScheduler:
     """The ``auto`` scheduler of one generation (see the module docstring)."""
 
     def __init__(
@@ -106,7 +107,7 @@ class AutoRounds:
         self.costs = costs
         #: The batch of parallel slots this generation rides in (None: alone).
         self.load = load
-        self.runner = Runner(ladder, sampler, stats, guide)
+        self.runner = RoundRunner(ladder, sampler, stats, guide)
         self.chains = {c.name: c for c in ladder_chains(ladder.shape, spec)}
         #: Each lossy chain's fuzzy stages, as ``-v`` names them.
         self.lossy = {
@@ -117,12 +118,13 @@ class AutoRounds:
             )
             for c in self.chains.values()
         }
-        self.ngram = self.chains[NGRAM_TIER]
+        self.ngram_chain = self.chains[NGRAM_TIER]
         #: Chains drafted by models, in the ladder's order (each model drafting, the pyramid).
         self.model_chains = [
             c for c in self.chains.values() if not c.plain and c.bottom != NGRAM_TIER
         ]
-        self.drafter = NGramDrafter(pool)
+        #: The n-gram drafter, on every match of :data:`~.ngram.KEY` tokens or more.
+        self.ngram = NGramProposer(spec.max_block, pool=pool)
         self.ngram_keep = NGramAcceptance()
         self.chain_keep = ChainAcceptance()
         self.overhead = ROUND_OVERHEAD
@@ -155,7 +157,7 @@ class AutoRounds:
         out: dict[str, Pick] = {}
         if match is not None:  # any length: the estimates say what a match length is worth
             keep = self.ngram_keep.estimate(match.length, quoted=match.quoted)
-            out[self.ngram.name] = self.ngram.price(
+            out[self.ngram_chain.name] = self.ngram_chain.price(
                 costs,
                 (keep,),
                 max_k,
@@ -223,17 +225,17 @@ class AutoRounds:
 
     def run(self, committed: list[int], room: int) -> list[int]:
         if self.answer_start is None:
-            self.answer_start = len(committed)
+            self.answer_start = self.ngram.answer_start = len(committed)
         # A grammar's forced tokens come first, free: every option is priced after them.
-        forced = self.runner.forced(committed, room - 1)
+        forced = self.runner.forced_tokens(committed, room - 1)
         ctx = [*committed, *forced] if forced else committed
         left = room - 1 - len(forced)
         max_k = min(self.spec.max_block, left) if left > 0 else 0
-        match = self.drafter.lookup(ctx, max_k, self.answer_start) if max_k > 0 else None
+        match = self.ngram.match(ctx, max_k) if max_k > 0 else None
         priced = self._priced()
         costs, batch = priced
-        plain = policy.plain(costs["target"], self.overhead, batch=batch)
-        base = policy.plain(costs["target"], self.overhead, len(forced), batch) if forced else plain
+        plain = price_plain(costs["target"], self.overhead, batch=batch)
+        base = price_plain(costs["target"], self.overhead, len(forced), batch) if forced else plain
         self._settle(committed, plain)
         # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone.
         copying = match is not None and match.copying
@@ -242,7 +244,7 @@ class AutoRounds:
         choice = policy.choose(base, [p.allowed for p in picks.values()])
         if choice is base and any(p.refused for p in picks.values()):
             self.auto.unfunded += 1
-        shadow = picks.get(self.ngram.name, Pick()).best
+        shadow = picks.get(self.ngram_chain.name, Pick()).best
         if choice is base and match is not None and shadow is not None and not forced:
             self._shadow(committed, match, shadow, base)
         for name, pick in picks.items():
@@ -293,34 +295,37 @@ class AutoRounds:
         """Run ``choice`` after the grammar's ``forced`` tokens (``c_t``: the target's cost
         curve it was priced with); the committed tokens and how many were drafted."""
         chain = self.chains[choice.chain]
-        f = len(forced)
-        if chain.plain:
-            if not forced:
-                return self.runner.plain(committed), 0
-            v = self.runner.verify(self.ngram.top, committed, Block(forced, None, None), f)
-            return v.tokens, 0
-        if chain is self.ngram:
+        if chain.plain and not forced:
+            return self.runner.plain(committed), 0
+        if chain.plain:  # the forced tokens and the target's next one in one batch, none drafted
+            r = self.runner.speculate(self.ngram_chain, self.ngram, committed, forced, 0)
+            return r.tokens, 0
+        proposer = self._proposer(chain, choice, c_t)
+        k = choice.k if chain is self.ngram_chain else self.spec.max_block
+        r = self.runner.speculate(chain, proposer, committed, forced, k)
+        if chain is self.ngram_chain:
             assert match is not None
-            block = Block([*forced, *match.continuation[: choice.k]], None, None)
-            v = self.runner.verify(chain.top, committed, block, f)
-            kept = max(v.n_accepted - f, 0)
-            self.ngram_keep.record(match.length, len(block) - f, kept, quoted=match.quoted)
-            return v.tokens, len(block) - f
+            self.ngram_keep.record(match.length, r.proposed, r.kept, quoted=match.quoted)
+            return r.tokens, r.proposed
+        self.chain_keep.record(chain.top.name, r.proposed, r.kept)
+        if isinstance(proposer, DraftProposer) and proposer.top_probs:
+            self.chain_keep.record_confidence(proposer.top_probs, r.kept)
+        return r.tokens, r.proposed
+
+    def _proposer(self, chain: Chain, choice: Option, c_t: CostCurve) -> Proposer:
+        """The proposer of ``choice``: the n-gram drafter (which proposes the match ``choice``
+        was priced by), or ``chain``'s models: a lone draft stops where its next token no
+        longer pays (:meth:`_admit`); a pyramid's checks teach its first stage's keep rate."""
         pyramid = len(chain.stages) > 1
-        proposer = self.runner.proposer(
+        lone_draft = not pyramid and chain is not self.ngram_chain
+        return self.runner.build_proposer(
             chain,
             k=choice.k,
             l_d=choice.l_d,
-            admit=None if pyramid else self._admit(choice, c_t),
+            admit=self._admit(choice, c_t) if lone_draft else None,
+            ngram=self.ngram,
             observe=self._observe(chain.stages[0].name) if pyramid else None,
         )
-        block = self.runner.propose(proposer, committed, forced, f + self.spec.max_block)
-        v = self.runner.verify(chain.top, committed, block, f)
-        kept = max(v.n_accepted - f, 0)
-        self.chain_keep.record(chain.top.name, len(block) - f, kept)
-        if isinstance(proposer, DraftProposer) and proposer.top_probs:
-            self.chain_keep.record_confidence(proposer.top_probs, kept)
-        return v.tokens, len(block) - f
 
     def _observe(self, stage: str) -> Observe:
         """Record each of a pyramid's qualifier checks into the keep rate of ``stage``."""

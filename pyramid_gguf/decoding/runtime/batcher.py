@@ -17,6 +17,10 @@ behind it (llama-server's continuous batching). With ``strict_identity`` nothing
 each request is evaluated alone, split exactly as it would be if its slot ran alone, so every
 answer equals the one it gets alone.
 
+Requests that arrive together start together: while the pool has admitted requests about to
+join (``arriving``), a batch that is ready waits up to :data:`GATHER_SECONDS` for them, so four
+prompts sent at once are evaluated in one batch instead of the first alone and the rest after it.
+
 Each slot's last round (tokens it brought to the target's batch, tokens it committed) is
 recorded here, so that ``auto`` can price a slot's speculation against the batch it rides in
 (:meth:`Batcher.load`).
@@ -26,8 +30,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -35,6 +39,8 @@ from ...native import EvalTimer, NativeModel, Part
 
 #: Most tokens of one long request evaluated per batch while other slots are running.
 PROMPT_CHUNK = 128
+#: Longest a ready batch waits for admitted requests that are about to join it.
+GATHER_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class _Request:
 
 
 @dataclass
-class Counters:
+class BatchCounters:
     """What the batcher did since it was made (for ``/metrics``)."""
 
     batches: int = 0
@@ -82,7 +88,12 @@ class Batcher:
     """Gathers the model calls of the running slots of one ladder (``models``: the loaded
     models, smallest first, named ``names``) into one batch per tier."""
 
-    def __init__(self, models: Sequence[NativeModel], names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        models: Sequence[NativeModel],
+        names: Sequence[str],
+        arriving: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.models = list(models)
         self.names = list(names)
         self.strict = any(m.cfg.strict_identity for m in self.models)
@@ -93,7 +104,15 @@ class Batcher:
         self._busy = False
         #: Each running slot's last round: (target tokens, committed tokens).
         self._rounds: dict[int, tuple[int, int]] = {}
-        self.counters = Counters(tokens=dict.fromkeys(self.names, 0))
+        self._counters = BatchCounters(tokens=dict.fromkeys(self.names, 0))
+        #: Requests about to join (the pool's count), and since when a ready batch waits.
+        self._arriving = arriving
+        self._ready_since: float | None = None
+
+    def counters(self) -> BatchCounters:
+        """A copy of the counters now (read without the lock, which a batch holds)."""
+        c = self._counters
+        return replace(c, tokens=dict(c.tokens))
 
     # --- membership ----------------------------------------------------------------------------
 
@@ -102,6 +121,7 @@ class Batcher:
         with self.lock:
             self._running.add(seq)
             self._rounds[seq] = (1, 1)
+            self.lock.notify_all()  # a batch gathering arrivals may go now
 
     def leave(self, seq: int) -> None:
         """Slot ``seq`` stops running (finished, cancelled or failed)."""
@@ -137,17 +157,31 @@ class Batcher:
         with self.lock:
             self._waiting.append(req)
             while not req.finished:
-                if not self._busy and len(self._waiting) >= len(self._running):
-                    self._dispatch()
-                else:
+                if self._busy or len(self._waiting) < len(self._running):
                     self.lock.wait()
+                    continue
+                gather = self._gather_left()
+                if gather > 0:
+                    self.lock.wait(gather)
+                else:
+                    self._dispatch()
         if req.error is not None:
             raise req.error
         assert req.rows is not None
         return req.rows
 
+    def _gather_left(self) -> float:
+        """Seconds a ready batch should still wait for requests about to join it (lock held)."""
+        if self._arriving() <= 0:
+            return 0.0
+        now = time.perf_counter()
+        if self._ready_since is None:
+            self._ready_since = now
+        return max(self._ready_since + GATHER_SECONDS - now, 0.0)
+
     def _dispatch(self) -> None:
         """Evaluate the smallest waiting tier's requests (lock held), then wake everyone."""
+        self._ready_since = None
         self._busy = True
         try:
             tier = min(r.tier for r in self._waiting)
@@ -182,10 +216,10 @@ class Batcher:
             return
         seconds = time.perf_counter() - t0
         total = sum(len(p.tokens) for p in pieces) or 1
-        self.counters.batches += 1
-        self.counters.slots_in_batches += len(group)
-        self.counters.tokens[self.names[group[0].tier]] += total
-        self.counters.seconds += seconds
+        self._counters.batches += 1
+        self._counters.slots_in_batches += len(group)
+        self._counters.tokens[self.names[group[0].tier]] += total
+        self._counters.seconds += seconds
         for r, piece, got in zip(group, pieces, rows, strict=True):
             _charge(r.timer, len(piece.tokens), seconds * len(piece.tokens) / total)
             if r.rows is None:

@@ -172,7 +172,7 @@ def calibrate(
     hears one line before anything is measured, saying whether the result can be cached (a
     ``$PYRAMID_GGUF_HOME`` that cannot be written only costs measuring again next time).
     """
-    model = tier.model
+    model = tier.loaded
     key = cache_key(model)
     path = cache_path(key)
     cached = None if refresh else _read(path, key)

@@ -1,10 +1,11 @@
 """The decoding loop: prompt processing, the first token, then rounds until a stop.
 
-Every mode of docs/ALGORITHMS.md is a :class:`~.rounds.Rounds`: plain decoding, a fixed chain
-(a proposer, then the target verifying its block in one batch), or ``auto``, which picks a
-chain and a block size each round from the cost model. A :class:`Generation` holds one
-sequence's state and advances it one step at a time, driven from outside; :func:`decode` is
-the same as a generator of token ids.
+Every mode of docs/ALGORITHMS.md is a :class:`~.rounds.Scheduler` (:func:`make_scheduler`): a
+fixed mode's :class:`~.rounds.FixedScheduler` runs its one chain every round (plain decoding,
+or a proposer and the target verifying its block in one batch), ``auto``'s
+:class:`~.auto.AutoScheduler` picks a chain and a block size each round from the cost model.
+A :class:`Generation` holds one sequence's state and advances it one step at a time, driven
+from outside, each step one round; :func:`decode` is the same as a generator of token ids.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ...native import grammar_tokenizer
 from ..pricing.costs import CostCurve
 from .guide import Guide
 from .ngram import NGramPool
-from .rounds import Rounds, fixed_rounds
+from .rounds import Scheduler, fixed_scheduler
 from .sampling import Sampler
 from .stats import GenerationStats, TierStats
 from .tiers import Ladder, ModelTier
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from .auto import SlotLoad
 
 
-def make_rounds(
+def make_scheduler(
     ladder: Ladder,
     spec: SpecConfig,
     sampler: Sampler,
@@ -41,21 +42,21 @@ def make_rounds(
     pool: NGramPool | None = None,
     guide: Guide | None = None,
     load: SlotLoad | None = None,
-) -> tuple[Rounds, list[ModelTier]]:
-    """The rounds of ``spec.mode`` and the tiers to prefill with the prompt.
+) -> tuple[Scheduler, list[ModelTier]]:
+    """The scheduler of ``spec.mode``'s rounds and the tiers to prefill with the prompt.
 
     ``auto`` needs ``costs`` (each tier's :class:`CostCurve`, by tier name) and prices its
     rounds against the batch of parallel slots ``load`` says it rides in; ``pool`` lets the
     n-gram drafter search earlier requests; ``guide`` constrains every round (a grammar).
     """
     if spec.info.auto:
-        from .auto import AutoRounds
+        from .auto import AutoScheduler
 
         if costs is None:
             raise ValueError("mode auto needs the tiers' cost curves")
-        auto = AutoRounds(ladder, spec, sampler, stats, costs, pool, guide, load)
+        auto = AutoScheduler(ladder, spec, sampler, stats, costs, pool, guide, load)
         return auto, [ladder.target]
-    return fixed_rounds(ladder, spec, sampler, stats, pool, guide)
+    return fixed_scheduler(ladder, spec, sampler, stats, pool, guide)
 
 
 def make_guide(ladder: Ladder, sampling: SamplingConfig, start: int) -> Guide | None:
@@ -77,7 +78,7 @@ def make_guide(ladder: Ladder, sampling: SamplingConfig, start: int) -> Guide | 
 
 
 class Generation:
-    """One sequence being generated: its committed tokens, sampler, rounds and statistics.
+    """One sequence being generated: its committed tokens, sampler, scheduler and statistics.
 
     Driven from outside, one :meth:`step` at a time: the first evaluates the prompt (every tier
     in ``prefill`` does so now; the others catch up when first used) and samples the first
@@ -100,7 +101,7 @@ class Generation:
         self,
         ladder: Ladder,
         prompt: Sequence[int],
-        rounds: Rounds,
+        scheduler: Scheduler,
         prefill: Sequence[ModelTier],
         sampler: Sampler,
         stats: GenerationStats,
@@ -117,7 +118,7 @@ class Generation:
             )
         self.ladder = ladder
         self.prompt = list(prompt)
-        self.rounds = rounds
+        self.scheduler = scheduler
         self.prefill = list(prefill)
         self.sampler = sampler
         self.stats = stats
@@ -142,10 +143,10 @@ class Generation:
             new = self._start()
         else:
             room = self._room()
-            self.rounds.sync(self.committed)
-            new = self.rounds.run(self.committed, room)[:room]
+            self.scheduler.sync(self.committed)  # roll back what the last round evaluated
+            new = self.scheduler.run(self.committed, room)[:room]
             if self.rows is not None:
-                self.rows += self.rounds.runner.take_rows()[: len(new)]
+                self.rows += self.scheduler.runner.take_rows()[: len(new)]
         out = self._emit(new)
         self.stats.generation_seconds = time.perf_counter() - self._t_gen
         if not self.done and self._room() <= 0:
@@ -188,7 +189,7 @@ class Generation:
         if self.guide is not None:
             row = self.guide.mask(self.prompt, row)
         if self.rows is not None:  # the target's row of every committed token, in order
-            self.rounds.runner.keep_rows = True
+            self.scheduler.runner.keep_rows = True
             self.rows.append(row)
         return [self.sampler.pick(row)]
 
@@ -224,7 +225,7 @@ class Generation:
 def decode(
     ladder: Ladder,
     prompt: Sequence[int],
-    rounds: Rounds,
+    scheduler: Scheduler,
     prefill: Sequence[ModelTier],
     sampler: Sampler,
     stats: GenerationStats,
@@ -233,7 +234,7 @@ def decode(
 ) -> Generator[int, None, None]:
     """Yield a :class:`Generation`'s tokens one at a time, filling ``stats`` as it goes (the
     caller stops pulling to end it early)."""
-    gen = Generation(ladder, prompt, rounds, prefill, sampler, stats, rows, guide)
+    gen = Generation(ladder, prompt, scheduler, prefill, sampler, stats, rows, guide)
     try:
         while not gen.done:
             new = gen.step()

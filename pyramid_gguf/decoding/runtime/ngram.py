@@ -1,12 +1,13 @@
-"""The n-gram drafter: proposes what followed the longest earlier match of the current suffix.
+"""The n-gram drafter's index: the longest earlier match of the current suffix, and what followed.
 
 Prompt lookup made selective. :class:`NGramIndex` indexes every position of a token sequence by
 the :data:`KEY` tokens ending there and grows as tokens are committed; :meth:`NGramIndex.match`
 finds the longest earlier occurrence of the sequence's suffix (ties: the most recent) and
 returns what followed it. A :class:`NGramPool` keeps finished sequences (earlier requests of a
-server) and is searched too. Longer matches are kept far more often by the verifier, so the
-match length travels with the proposal: ``auto`` sizes its block by it, fixed modes only
-require a minimum (``ngram_min``).
+server) and is searched too; :class:`NGramLookup` searches both. Longer matches are kept far
+more often by the verifier, so the match length travels with the proposal: ``auto`` sizes its
+block by it, fixed modes only require a minimum (``ngram_min``). The drafter itself, a
+:class:`~.proposers.Proposer` like the draft models, is :class:`~.proposers.NGramProposer`.
 
 Pure Python: no model evaluation, no ``llama_cpp``.
 """
@@ -17,8 +18,6 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from .protocol import Block
 
 #: Tokens of the index key (also the shortest match ever found).
 KEY = 2
@@ -149,8 +148,9 @@ class NGramPool:
         return best
 
 
-class NGramDrafter:
-    """Looks up the committed context (and an optional shared pool) for the best match."""
+class NGramLookup:
+    """The longest earlier match of a context's suffix, in the context itself (indexed as it
+    grows) and in an optional shared pool: what the n-gram drafter proposes from."""
 
     def __init__(self, pool: NGramPool | None = None) -> None:
         self.index = NGramIndex()
@@ -170,24 +170,3 @@ class NGramDrafter:
         if pooled is not None and (own is None or pooled.length > own.length):
             return pooled
         return own
-
-
-class NGramProposer:
-    """Prompt lookup as a :class:`~.protocol.Proposer` for the fixed modes: proposes up to
-    ``length`` tokens when the match is at least ``min_match`` tokens long."""
-
-    name = "ngram"
-
-    def __init__(self, length: int, *, min_match: int = KEY, pool: NGramPool | None = None):
-        self.length = length
-        self.min_match = max(min_match, KEY)
-        self.drafter = NGramDrafter(pool)
-
-    def propose(self, context: Sequence[int], max_tokens: int) -> Block:
-        m = self.drafter.lookup(context, min(self.length, max_tokens))
-        if m is None or m.length < self.min_match:
-            return Block([], None, None)
-        return Block(m.continuation, None, None)
-
-    def sync(self, committed: Sequence[int]) -> None:
-        return None

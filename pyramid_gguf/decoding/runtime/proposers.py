@@ -1,25 +1,47 @@
-"""Model proposers: a draft model, and a qualified stage (a lower proposer checked by a model).
+"""The proposers: whatever offers the next tokens of a round, with what it knew about them.
 
-Both implement :class:`~.protocol.Proposer` (the n-gram drafter, :mod:`.ngram`, is the third).
-A :class:`QualifiedProposer` wraps a lower proposer and a verifier model: it repeats "lower
-proposes, verifier checks in one batch" until it holds ``block_len`` qualified tokens, and offers
-them upward with the verifier's distributions as ``q``. That is the pyramid's middle tier, and
-nothing else knows it exists.
+A :class:`Proposer` offers up to ``k`` continuations of a context as a
+:class:`~.verification.Block`. Three implement it, so a ladder of any height is one loop
+(transformers' candidate-generator idea):
+
+- :class:`DraftProposer`: a small model drafting token by token with the shared sampler;
+- :class:`NGramProposer`: the n-gram drafter, proposing what followed the longest earlier
+  match of the context's suffix (prompt lookup; the index is :mod:`.ngram`);
+- :class:`QualifiedProposer`: a stage, a lower proposer checked by a verifier model (the
+  pyramid's qualifier): it repeats "lower proposes, verifier checks in one batch" until it
+  holds ``block_len`` qualified tokens, and offers them upward with the verifier's
+  distributions as ``q``. Nothing else knows the qualifier exists.
+
+:meth:`~.rounds.RoundRunner.build_proposer` stacks them into the proposer of any chain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from ..pricing.chains import StageRule
+from ..pricing.chains import NGRAM_TIER, StageRule
 from .guide import Guide
-from .protocol import Block, Proposer
+from .ngram import KEY, Match, NGramLookup, NGramPool
 from .sampling import Sampler
-from .stage import verify
 from .stats import StageStats
 from .tiers import ModelTier
+from .verification import EMPTY, Block, verify
+
+
+class Proposer(Protocol):
+    """Offers up to ``max_tokens`` continuations of ``context``."""
+
+    name: str
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Block: ...
+
+    def sync(self, committed: Sequence[int]) -> None:
+        """Forget everything past ``committed`` (KV rollback for model-backed proposers)."""
+        ...
+
 
 #: Decides whether the next drafted token joins the block, from the draft's top
 #: probabilities (temperature-1 softmax) of the block so far, the candidate's last.
@@ -67,7 +89,7 @@ class DraftProposer:
     def propose(self, context: Sequence[int], max_tokens: int) -> Block:
         k = min(self.length, max_tokens)
         if k <= 0:
-            return Block([], None, None)
+            return EMPTY
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         zs: list[np.ndarray] = []
@@ -92,7 +114,7 @@ class DraftProposer:
             z = self._masked(context, tokens, self.tier.step(y))
         self.top_probs = tops
         if not tokens:
-            return Block([], None, None)
+            return EMPTY
         return Block(tokens, np.stack(qs) if qs else None, np.stack(zs))
 
     def _masked(self, context: Sequence[int], drafted: list[int], z: np.ndarray) -> np.ndarray:
@@ -136,7 +158,7 @@ class QualifiedProposer:
     def propose(self, context: Sequence[int], max_tokens: int) -> Block:
         want = min(self.block_len, max_tokens)
         if want <= 0:
-            return Block([], None, None)
+            return EMPTY
         tokens: list[int] = []
         ps: list[np.ndarray] = []
         zs: list[np.ndarray] = []
@@ -164,3 +186,48 @@ class QualifiedProposer:
     def sync(self, committed: Sequence[int]) -> None:
         self.lower.sync(committed)
         self.verifier.sync(committed)
+
+
+class NGramProposer:
+    """The n-gram drafter: proposes up to ``length`` tokens that followed the longest earlier
+    match of the context's suffix, in the context itself or in the shared ``pool``, when the
+    match is at least ``min_match`` tokens long. Deterministic: its blocks have no ``q``.
+
+    ``auto`` reads the match first (:meth:`match`: its length and source price the block),
+    then proposes it: :meth:`propose` at the context of the last :meth:`match` offers that
+    same match's continuation. ``answer_start``: where the answer starts in the contexts it is
+    given; matches before it (and in the pool) are :attr:`~.ngram.Match.quoted`.
+    """
+
+    name = NGRAM_TIER
+
+    def __init__(self, length: int, *, min_match: int = KEY, pool: NGramPool | None = None):
+        self.length = length
+        self.min_match = max(min_match, KEY)
+        self.matcher = NGramLookup(pool)
+        self.answer_start = 0
+        #: The last :meth:`match`: its context, its ``max_tokens`` and what it found.
+        self._last: tuple[list[int], int, Match | None] | None = None
+
+    def match(self, context: Sequence[int], max_tokens: int) -> Match | None:
+        """The longest match of ``context``'s suffix (any length), with up to ``max_tokens``
+        tokens of what followed it; None when there is none."""
+        found = self.matcher.lookup(context, max_tokens, self.answer_start)
+        self._last = (list(context), max_tokens, found)
+        return found
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Block:
+        k = min(self.length, max_tokens)
+        if k <= 0:
+            return EMPTY
+        last = self._last
+        if last is not None and k <= last[1] and last[0] == list(context):
+            found = last[2]  # the match auto priced
+        else:
+            found = self.match(context, k)
+        if found is None or found.length < self.min_match:
+            return EMPTY
+        return Block(found.continuation[:k], None, None)
+
+    def sync(self, committed: Sequence[int]) -> None:
+        return None

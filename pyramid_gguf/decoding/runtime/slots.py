@@ -1,97 +1,72 @@
-"""Parallel slots: each loaded model's sequences, one per request being generated.
+"""Parallel slots: the one admission of requests, the threads that decode them, the sequences.
 
 A :class:`SlotPool` holds ``parallel`` slots of one loaded :class:`~.tiers.Ladder` (every
 model's context holds that many sequences, ``LoadConfig.parallel``). A :class:`Slot` is a
-sequence id in every tier: its own ladder of :class:`SlotModel` views, whose evaluations go
-through the pool's :class:`~.batcher.Batcher`, so the rounds, proposers and verifications that
-decode one sequence decode it unchanged in a batch of many. A request takes the free slot
-whose cache shares the longest prefix with its prompt (llama-server's prompt reuse), runs
-(:meth:`SlotPool.running`) and gives the slot back; what the slot's cache holds stays there
-for the next prompt that starts the same way. The one-request path is the same machine with one
-slot.
+sequence id in every tier: its own ladder of :class:`~pyramid_gguf.native.SequenceView` tiers,
+whose evaluations go through the pool's :class:`~.batcher.Batcher`, so the rounds, proposers
+and verifications that decode one sequence decode it unchanged in a batch of many.
+
+The pool is also where every request enters, whoever asks (the Python API, the server):
+:meth:`SlotPool.submit` admits a :class:`Job` (at most ``queue_size`` at once, the running
+ones included, else :class:`QueueFull`) and one of ``parallel`` worker threads runs it: its
+``work`` takes a slot (:meth:`SlotPool.take`: the free slot whose cache shares the longest
+prefix with its prompt, llama-server's prompt reuse), decodes, and hands each result to its
+reader on that thread: the one boundary between the reader and the slot (the reader only
+queues it, so no reader's pace holds up a batch). :meth:`Job.cancel` is the one cancel signal
+(a reader gone, a client gone, the server stopping): the work stops at its next token and the
+slot is free at once; what its cache holds stays for the next prompt that starts the same way.
+The one-request path is the same machine with one slot.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from ...native import EvalTimer, NativeModel, Part
-from .batcher import Batcher, Load
+from ...native import SequenceView
+from .batcher import BatchCounters, Batcher, Load
 from .tiers import Ladder, ModelTier, common_prefix
 
 
-class SlotModel(NativeModel):
-    """Sequence ``seq`` of a loaded model, evaluated through ``batcher``.
+class QueueFull(RuntimeError):
+    """Every place of the pool's queue is taken (the server answers 503)."""
 
-    It shares the loaded model's weights, context and facts (it owns no native object:
-    :meth:`close` does nothing) and keeps its own timer, so each slot's statistics count its
-    own share of the batches it rode in.
-    """
 
-    def __init__(self, base: NativeModel, seq: int, batcher: Batcher) -> None:
-        # Not NativeModel.__init__: nothing is loaded, everything is the base's.
-        self._base = base
-        self.seq = seq
-        self.batcher = batcher
-        self.cfg = base.cfg
-        self.path = base.path
-        self._model = base._model
-        self.placement = base.placement
-        self.weight_buffers = base.weight_buffers
-        self.vocab = base.vocab
-        self.n_vocab = base.n_vocab
-        self.n_ctx = base.n_ctx
-        self.n_batch = base.n_batch
-        self.n_seq = 1
-        self.timer = EvalTimer()
+class PoolClosed(RuntimeError):
+    """The pool is shutting down and takes no new request."""
 
-    @property
-    def base(self) -> NativeModel:
-        return self._base
+
+class Job:
+    """One admitted request. ``work(job)`` runs on a worker thread of the pool: it takes a slot
+    with :meth:`SlotPool.take`, decodes, and hands what it produces to its reader."""
+
+    def __init__(self, prompt: Sequence[int], work: Callable[[Job], None]) -> None:
+        self.prompt = list(prompt)
+        self.work = work
+        self._cancelled = threading.Event()
+        self._finished = threading.Event()
+        #: Whether the job has taken a slot and joined the batches.
+        self.joined = False
+
+    def cancel(self) -> None:
+        """Stop the work at its next token (or before it starts); the slot is then free."""
+        self._cancelled.set()
 
     @property
-    def tokens(self) -> list[int]:
-        return self._base.held(self.seq)
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
 
     @property
-    def n_past(self) -> int:
-        return len(self._base.held(self.seq))
+    def finished(self) -> bool:
+        """The work has returned and the job left the pool."""
+        return self._finished.is_set()
 
-    def held(self, seq: int) -> list[int]:
-        return self._base.held(self.seq)
-
-    def eval(
-        self, tokens: Sequence[int], logits_at: Sequence[int] = (), *, chunk: int = 0, seq: int = 0
-    ) -> np.ndarray:
-        """Append ``tokens`` to this slot's sequence in the next batch of this tier."""
-        part = Part(self.seq, tokens, logits_at)
-        return self.batcher.evaluate(self._base, part, chunk, self.timer)
-
-    def eval_parts(self, parts: Sequence[Part], *, chunk: int = 0) -> list[np.ndarray]:
-        raise TypeError("a slot evaluates its own sequence: use eval()")
-
-    @property
-    def snapshot_reason(self) -> str | None:
-        return self._base.snapshot_reason
-
-    def rollback(self, n_past: int, seq: int = 0) -> None:
-        with self.batcher.lock:
-            self._base.rollback(n_past, self.seq)
-
-    def clear(self, seq: int = 0) -> None:
-        with self.batcher.lock:
-            self._base.clear(self.seq)
-
-    def reset(self) -> None:
-        self.clear()
-
-    def close(self) -> None:
-        """Nothing: the loaded model owns the context."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the work has returned (True) or ``timeout`` seconds passed (False)."""
+        return self._finished.wait(timeout)
 
 
 @dataclass
@@ -100,62 +75,178 @@ class Slot:
 
     seq: int
     ladder: Ladder
-    batcher: Batcher | None = None
+    batcher: Batcher
     busy: bool = False
     #: Requests this slot has served.
     served: int = 0
     #: When it was last taken (the pool's count of requests then).
     last_used: int = 0
 
+    def held(self) -> list[int]:
+        """The tokens the target's cache of this slot holds."""
+        return self.ladder.target.model.tokens
+
     def reuse(self, prompt: Sequence[int]) -> tuple[int, int]:
         """Prompt tokens the target's cache of this slot already holds, and cached tokens
         ``prompt`` would throw away."""
-        held = self.ladder.target.model.tokens
+        held = self.held()
         kept = common_prefix(held, prompt)
         return kept, len(held) - kept
 
     def load(self) -> Load:
         """The rest of the batch, as this slot sees it."""
-        return self.batcher.load(self.seq) if self.batcher is not None else Load()
+        return self.batcher.load(self.seq)
 
     def report(self, size: int, committed: int) -> None:
         """This slot's round brought ``size`` tokens to the target, committed ``committed``."""
-        if self.batcher is not None:
-            self.batcher.report(self.seq, size, committed)
+        self.batcher.report(self.seq, size, committed)
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """What the pool is doing, read at one moment (``/health`` and ``/metrics``)."""
+
+    slots: int
+    busy: int
+    #: Admitted requests waiting for a worker.
+    queued: int
+    queue_size: int | None
+    completed: int
+    cancelled: int
+    rejected: int
+    #: Tokens held in every tier's KV cache, all slots together.
+    cached_tokens: int
+    batches: BatchCounters = field(default_factory=BatchCounters)
 
 
 class SlotPool:
-    """The slots of ``ladder`` (``parallel`` of them, its contexts' sequence count)."""
+    """The slots of ``ladder`` (``parallel`` of them, its contexts' sequence count), the
+    queue that admits requests to them (``queue_size``; None: unbounded) and one worker thread
+    per slot."""
 
-    def __init__(self, ladder: Ladder) -> None:
+    def __init__(self, ladder: Ladder, queue_size: int | None = None) -> None:
         self.ladder = ladder
         models = ladder.models
-        self.n_slots = min(m.model.n_seq for m in models)
-        self.batcher = Batcher([m.model for m in models], [m.name for m in models])
+        self.n_slots = min(m.loaded.n_seq for m in models)
+        self.queue_size = queue_size
+        self.batcher = Batcher(
+            [m.loaded for m in models], [m.name for m in models], arriving=self._arriving
+        )
         self.slots = [
-            Slot(seq, _slot_ladder(ladder, seq, self.batcher), self.batcher)
-            for seq in range(self.n_slots)
+            Slot(seq, self._slot_ladder(seq), self.batcher) for seq in range(self.n_slots)
         ]
         self._cond = threading.Condition()
         self._exclusive = False
         self._taken = 0
+        self._queue: deque[Job] = deque()
+        #: Admitted jobs (queued or running) and, of those, the ones not yet in a batch.
+        self._admitted = 0
+        self._not_joined = 0
+        self._running: set[Job] = set()
+        self._workers: list[threading.Thread] = []
+        self._closing = False
+        self._completed = self._cancelled = self._rejected = 0
 
-    @property
-    def busy(self) -> int:
-        """Slots running a request now."""
-        return sum(s.busy for s in self.slots)
+    def _slot_ladder(self, seq: int) -> Ladder:
+        """The ladder seen from sequence ``seq``: each tier a view of the loaded model."""
 
-    def acquire(
-        self, prompt: Sequence[int], stopped: Callable[[], bool] | None = None
-    ) -> Slot | None:
-        """A free slot for ``prompt`` (waiting for one; None when ``stopped()`` turns true
-        while waiting): :func:`choose`'s."""
+        def view(tier: ModelTier) -> ModelTier:
+            seq_view = SequenceView(tier.loaded, seq, self.batcher.evaluate, self.batcher.lock)
+            return ModelTier(tier.name, tier.loaded, seq_view)
+
+        ladder, draft = self.ladder, self.ladder.draft
+        return Ladder(
+            view(ladder.target),
+            view(ladder.qualifier) if ladder.qualifier is not None else None,
+            view(draft) if isinstance(draft, ModelTier) else draft,
+        )
+
+    # --- admission -----------------------------------------------------------------------------
+
+    def submit(self, prompt: Sequence[int], work: Callable[[Job], None]) -> Job:
+        """Admit a request for ``prompt`` whose ``work`` runs on a worker thread
+        (:class:`QueueFull` when ``queue_size`` requests are admitted already,
+        :class:`PoolClosed` once the pool is closing)."""
+        with self._cond:
+            if self._closing:
+                raise PoolClosed("the models are being closed")
+            if self.queue_size is not None and self._admitted >= self.queue_size:
+                self._rejected += 1
+                raise QueueFull(f"the server is busy ({self.queue_size} requests queued)")
+            job = Job(prompt, work)
+            self._admitted += 1
+            self._not_joined += 1
+            self._queue.append(job)
+            if len(self._workers) < min(self._admitted, self.n_slots):
+                worker = threading.Thread(
+                    target=self._serve, name=f"pyramid-slot-{len(self._workers)}", daemon=True
+                )
+                self._workers.append(worker)
+                worker.start()
+            self._cond.notify_all()
+        return job
+
+    def _serve(self) -> None:
+        """A worker thread: run admitted jobs in order until the pool closes."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+                self._running.add(job)
+            try:
+                job.work(job)
+            finally:
+                with self._cond:
+                    self._running.discard(job)
+                    self._admitted -= 1
+                    if not job.joined:
+                        self._not_joined -= 1
+                    if job.cancelled:
+                        self._cancelled += 1
+                    else:
+                        self._completed += 1
+                    self._cond.notify_all()
+                job._finished.set()
+
+    def _arriving(self) -> int:
+        """Admitted requests about to join the batches (a slot is free for them): the batcher
+        gathers them into the batch it is about to run (read without the pool's lock)."""
+        free = self.n_slots - sum(s.busy for s in self.slots)
+        return max(min(self._not_joined, free), 0)
+
+    # --- slots ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def take(self, job: Job) -> Iterator[Slot | None]:
+        """The free slot that serves ``job``'s prompt best (:func:`choose`), in the batches
+        while the block runs; None when the job is cancelled while it waits (only calibration
+        holds every slot: a worker always finds one free otherwise)."""
+        slot = self._acquire(job)
+        if slot is None:
+            yield None
+            return
+        self.batcher.join(slot.seq)
+        with self._cond:
+            job.joined = True
+            self._not_joined -= 1
+        try:
+            yield slot
+        finally:
+            self.batcher.leave(slot.seq)
+            with self._cond:
+                slot.busy = False
+                self._cond.notify_all()
+
+    def _acquire(self, job: Job) -> Slot | None:
         with self._cond:
             while self._exclusive or all(s.busy for s in self.slots):
-                if stopped is not None and stopped():
+                if job.cancelled:
                     return None
-                self._cond.wait(timeout=0.1 if stopped is not None else None)
-            slot = choose([s for s in self.slots if not s.busy], prompt)
+                self._cond.wait(timeout=0.1)
+            slot = choose([s for s in self.slots if not s.busy], job.prompt)
             self._taken += 1
             slot.busy, slot.last_used = True, self._taken
             slot.served += 1
@@ -163,19 +254,10 @@ class SlotPool:
             mine.chunk = base.chunk  # --strict-identity's micro-batch, set by calibration
         return slot
 
-    def release(self, slot: Slot) -> None:
-        with self._cond:
-            slot.busy = False
-            self._cond.notify_all()
-
-    @contextmanager
-    def running(self, slot: Slot) -> Iterator[None]:
-        """While the block runs, batches wait for ``slot``'s model calls too."""
-        self.batcher.join(slot.seq)
-        try:
-            yield
-        finally:
-            self.batcher.leave(slot.seq)
+    @property
+    def busy(self) -> int:
+        """Slots running a request now."""
+        return sum(s.busy for s in self.slots)
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -190,6 +272,39 @@ class SlotPool:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+    # --- what it is doing, and the end ---------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        """The pool's figures now (read without stopping the engine)."""
+        with self._cond:
+            busy = sum(s.busy for s in self.slots)
+            counts = (len(self._queue), self._completed, self._cancelled, self._rejected)
+        cached = sum(len(m.model.tokens) for s in self.slots for m in s.ladder.models)
+        queued, completed, cancelled, rejected = counts
+        return PoolSnapshot(
+            slots=self.n_slots,
+            busy=busy,
+            queued=queued,
+            queue_size=self.queue_size,
+            completed=completed,
+            cancelled=cancelled,
+            rejected=rejected,
+            cached_tokens=cached,
+            batches=self.batcher.counters(),
+        )
+
+    def close(self) -> None:
+        """Stop taking requests, cancel every admitted one and wait for the workers (before
+        the models are freed)."""
+        with self._cond:
+            self._closing = True
+            jobs = [*self._running, *self._queue]
+            self._cond.notify_all()
+        for job in jobs:
+            job.cancel()
+        for worker in list(self._workers):
+            worker.join()
 
 
 def choose(free: Sequence[Slot], prompt: Sequence[int]) -> Slot:
@@ -212,17 +327,3 @@ def choose(free: Sequence[Slot], prompt: Sequence[int]) -> Slot:
     best = max(going_on, key=lambda s: (reuse[s.seq][0], -s.last_used))
     kept, lost = reuse[cut.seq]
     return cut if kept > lost and kept > reuse[best.seq][0] else best
-
-
-def _slot_ladder(ladder: Ladder, seq: int, batcher: Batcher) -> Ladder:
-    """``ladder`` seen from sequence ``seq``: each model a :class:`SlotModel`."""
-
-    def view(tier: ModelTier) -> ModelTier:
-        return ModelTier(tier.name, SlotModel(tier.model, seq, batcher))
-
-    draft = ladder.draft
-    return Ladder(
-        view(ladder.target),
-        view(ladder.qualifier) if ladder.qualifier is not None else None,
-        view(draft) if isinstance(draft, ModelTier) else draft,
-    )

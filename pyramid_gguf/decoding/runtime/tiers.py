@@ -19,7 +19,7 @@ from ...core.files import check_gguf_path
 from ...core.ladder import NGRAM, LadderPaths, LadderShape, NGram
 from ...core.load import LoadConfig
 from ...models.vocab_check import check_same_vocabulary
-from ...native import EvalTimer, NativeModel, Vocab
+from ...native import EvalTimer, ModelSequence, NativeModel, Vocab
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -34,11 +34,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class ModelTier:
-    """One rung of the ladder (``name`` is ``draft``, ``qualifier`` or ``target``)."""
+    """One rung of the ladder (``name`` is ``draft``, ``qualifier`` or ``target``): the
+    ``loaded`` model (weights, context) and the sequence of it this tier decodes, ``model``
+    (the loaded model's own sequence 0 unless a parallel slot's view is given)."""
 
-    def __init__(self, name: str, model: NativeModel) -> None:
+    def __init__(self, name: str, loaded: NativeModel, model: ModelSequence | None = None) -> None:
         self.name = name
-        self.model = model
+        self.loaded = loaded
+        self.model: ModelSequence = loaded if model is None else model
         #: Largest micro-batch of a generation-time evaluation; 0: one batch. Set by
         #: ``--strict-identity`` to the size whose logits equal one-token decoding.
         self.chunk = 0
@@ -110,7 +113,9 @@ class ModelTier:
         return self.model.vocab.is_eog(token)
 
     def close(self) -> None:
-        self.model.close()
+        """Free the loaded model (a slot's view of it owns nothing)."""
+        if self.model is self.loaded:
+            self.loaded.close()
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,151 @@
-"""Stage acceptance rules of docs/ALGORITHMS.md, in pure numpy (no ``llama_cpp`` import).
+"""One verification: a verifier scores a proposed :class:`Block` in one batch, and a rule keeps
+a prefix of it and adds one token of its own (docs/ALGORITHMS.md, "One stage").
 
-One stage: a proposer offered ``k`` tokens ``y`` with its warped distributions ``q`` (``[k, V]``)
-and raw logits; the verifier scored ``[last_committed, y_1..y_k]`` in one batch, giving warped
-distributions ``p`` (``[k+1, V]``) and raw logits. Naming follows Leviathan et al. 2023:
-``p`` is always the verifier, ``q`` the proposer.
+:func:`verify` is what both the qualifier (inside a :class:`~.proposers.QualifiedProposer`) and
+the target (:meth:`~.rounds.RoundRunner.speculate`) run, so the qualifier is not special-cased
+anywhere. The rules below it are pure numpy, on the naming of Leviathan et al. 2023: the
+proposer offered ``k`` tokens ``y`` with its warped distributions ``q`` (``[k, V]``) and raw
+logits; the verifier scored ``[last_committed, y_1..y_k]`` in one batch, giving warped
+distributions ``p`` (``[k+1, V]``) and raw logits. ``p`` is always the verifier, ``q`` the
+proposer.
+
+- :func:`exact`: speculative sampling; :func:`greedy` is what it (and every lossless rule)
+  reduces to at temperature 0: token matching;
+- :func:`fuzzy`: fuzzy speculative decoding, ``reducible`` or ``pure``, on a divergence of
+  :data:`DIVERGENCE_FNS` (:func:`js`, :func:`kl`, :func:`tv`);
+- :func:`greedy_match`: llama.cpp's rule.
 
 Every rule returns a :class:`StageOutcome`: how many proposals were accepted and the one token
 the verifier adds after them (the residual sample at the first rejection, or the bonus token
 from ``p[k]`` when all were accepted). Randomness comes only from the ``Generator`` passed in,
 drawn in a fixed order, so ``fuzzy`` with ``tau < 0`` consumes it exactly like ``exact``.
+
+Pure: no ``llama_cpp`` import (the verifier and the grammar are only types here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .sampling import sample, softmax
+from ..pricing.chains import StageRule
+from .sampling import Sampler, sample, softmax
+from .stats import StageStats
+
+if TYPE_CHECKING:
+    from .guide import Guide
+    from .tiers import ModelTier
+
+
+@dataclass(frozen=True)
+class Block:
+    """Proposed tokens with what the proposer knew about them.
+
+    ``tokens``: ``[k]`` ids. ``q``: ``[k, V]`` the proposer's warped distributions they were
+    sampled from, or None for a deterministic proposer (treated as one-hot). ``logits``:
+    ``[k, V]`` the proposer's raw logits (for fuzzy rules), or None when it has none.
+    """
+
+    tokens: list[int]
+    q: np.ndarray | None
+    logits: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def cut(self, n: int) -> Block:
+        """The first ``n`` proposals (with their rows)."""
+        if n >= len(self.tokens):
+            return self
+        q = None if self.q is None else self.q[:n]
+        logits = None if self.logits is None else self.logits[:n]
+        return Block(self.tokens[:n], q, logits)
+
+
+#: A proposer's answer when it has nothing to offer.
+EMPTY = Block([], None, None)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """Outcome of one verification.
+
+    ``tokens``: the ``n_accepted`` accepted proposals then the verifier's token, ``[n + 1]``.
+    ``p``: the verifier's warped distributions at those positions, ``[n + 1, V]``, or None
+    at temperature 0 (one-hot on ``tokens``: the verified tokens are deterministic).
+    ``logits``: the verifier's raw logits at those positions, ``[n + 1, V]``.
+    """
+
+    tokens: list[int]
+    p: np.ndarray | None
+    logits: np.ndarray
+    n_accepted: int
+
+
+def verify(
+    verifier: ModelTier,
+    context: Sequence[int],
+    block: Block,
+    rule: StageRule,
+    sampler: Sampler,
+    stats: StageStats,
+    guide: Guide | None = None,
+    forced: int = 0,
+) -> Verified:
+    """Score ``[last, y_1..y_k]`` in one batch and apply ``rule``; record into ``stats``.
+
+    With a ``guide`` the block is first cut at the first token the grammar refuses (an n-gram
+    block, say) and every row is masked to the grammar's allowed tokens, so ``p`` is the
+    verifier's distribution under the grammar. The first ``forced`` tokens of the block are the
+    grammar's (:func:`~.rounds.with_forced`): they are verified like any proposal but counted
+    apart from the drafted ones.
+    """
+    rng = sampler.rng
+    if guide is not None:
+        block = block.cut(guide.valid(context, block.tokens))
+        forced = min(forced, len(block))
+    z = verifier.score(context, block.tokens)  # [k + 1, V]
+    if guide is not None:
+        z = guide.mask(context, z, block.tokens)
+    tokens = np.asarray(block.tokens, dtype=np.int64)
+    if sampler.greedy and rule.kind != "fuzzy":  # every lossless rule is token matching
+        outcome = greedy(tokens, z)
+        n = outcome.n_accepted
+        _record(stats, len(block.tokens), n, forced)
+        return Verified([*block.tokens[:n], outcome.token], None, z[: n + 1], n)
+    p = sampler.warp(z)
+    q = block.q  # None: a deterministic proposer (one-hot)
+    if rule.kind == "greedy-match":
+        outcome = greedy_match(tokens, p, rng)
+    elif rule.kind == "fuzzy":
+        outcome = fuzzy(
+            tokens,
+            p,
+            q,
+            z,
+            block.logits,
+            rng,
+            tau=rule.tau,
+            divergence=rule.divergence,
+            variant=rule.variant,
+        )
+    else:
+        outcome = exact(tokens, p, q, rng)
+    n = outcome.n_accepted
+    _record(stats, len(block.tokens), n, forced)
+    return Verified([*block.tokens[:n], outcome.token], p[: n + 1], z[: n + 1], n)
+
+
+def _record(stats: StageStats, proposed: int, accepted: int, forced: int) -> None:
+    """Count the drafted part of a verified block (a block of forced tokens only is none)."""
+    if proposed > forced:
+        stats.record(proposed - forced, max(accepted - forced, 0))
+
+
+# --- the rules, pure numpy --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -87,7 +214,7 @@ DIVERGENCE_FNS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
-# --- the three stage rules --------------------------------------------------------------------
+# --- the three stage rules, and greedy: what the lossless ones are at temperature 0 ----------
 
 
 def _proposal_probs(dist: np.ndarray, tokens: np.ndarray) -> np.ndarray:
