@@ -1,0 +1,162 @@
+"""OpenAI's routes: ``GET /v1/models``, ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (streamed as server-sent events when ``stream`` is true).
+
+Bodies are parsed by :mod:`.schemas`, chats prepared by :meth:`Pyramid.prepare_chat
+<pyramid_gguf.api.Pyramid.prepare_chat>`, generations admitted by the :class:`~.service.Service`
+and shaped by :mod:`.openai`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.responses import Response as HTTPResponse
+
+from ..api import Job, Prompt, Response, TokenLogprob
+from ..chat import CallStream
+from .errors import ApiError, error_of
+from .jobs import ClientGone, Deliver, Reader
+from .openai import ResponseShape
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .service import Service, Submit, event_stream, sse
+
+
+async def _events(
+    reader: Reader, first: Response, shape: ResponseShape, calls: CallStream | None
+) -> AsyncGenerator[str, None]:
+    """The SSE body; leaving early (client gone) cancels the generation. With ``calls`` the
+    text is read as content and tool calls, streamed as ``delta.tool_calls``."""
+    try:
+        if shape.chat:
+            yield sse(shape.chunk("", role=True))
+        step: Response | None = first
+        held: list[TokenLogprob] = []  # tokens whose text is held back (half a character)
+        while step is not None:
+            held += step.logprobs
+            if step.finish_reason is not None:
+                text, called = step.text, False
+                deltas: tuple[dict[str, Any], ...] = ()
+                if calls is not None:
+                    calls.feed(step.text)
+                    message, last = calls.finish()
+                    text, deltas, called = last.content, last.tool_calls, bool(message.calls)
+                yield sse(
+                    shape.final_chunk(
+                        text, step.finish_reason, step.stats, held, tool_calls=deltas, called=called
+                    )
+                )
+                if shape.include_usage:
+                    yield sse(shape.usage_chunk(step.stats))
+            elif calls is not None:
+                delta = calls.feed(step.text)
+                if delta.content or delta.tool_calls or held:
+                    content = delta.content or None
+                    yield sse(shape.chunk(content, logprobs=held, tool_calls=delta.tool_calls))
+                    held = []
+            elif step.text:
+                yield sse(shape.chunk(step.text, logprobs=held))
+                held = []
+            step = await reader.next()
+    except Exception as e:  # an error after the headers went out: report it in the stream
+        yield sse(error_of(e).body())
+    finally:
+        reader.close()  # no-op once finished; stops the generation if the client left
+    yield sse("[DONE]")
+
+
+def routes(service: Service) -> APIRouter:
+    """OpenAI's routes over ``service``."""
+    router = APIRouter()
+    pyramid = service.pyramid
+    settings = service.settings
+
+    async def answer(
+        request: Request,
+        body: GenerationRequest,
+        shape: ResponseShape,
+        submit: Submit,
+        calls: CallStream | None = None,
+    ) -> HTTPResponse:
+        admitted = await service.admit(request, submit)
+        if admitted is None:
+            return HTTPResponse(status_code=499)
+        reader, first = admitted
+        if body.stream:
+            return event_stream(_events(reader, first, shape, calls))
+        try:
+            steps = await service.collect(request, reader, first)
+        except ClientGone:
+            return HTTPResponse(status_code=499)
+        text = "".join(s.text for s in steps)
+        logprobs = [lp for s in steps for lp in s.logprobs]
+        last = steps[-1]
+        message = calls.fmt.parse(text, calls.ids) if calls is not None else None
+        return JSONResponse(shape.full(text, last.finish_reason, last.stats, logprobs, message))
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": service.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "pyramid-gguf",
+            "meta": {"mode": service.spec.mode, "tiers": pyramid.ladder.tier_names},
+        }
+        return {"object": "list", "data": [card]}
+
+    @router.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
+        sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
+        prompt: Prompt = body.prompt  # type: ignore[assignment]
+        if not isinstance(prompt, str):
+            _check_token_ids(prompt, pyramid.ladder.target.n_vocab)
+        top = body.top_logprobs()
+
+        def submit(deliver: Deliver) -> Job:
+            return pyramid.submit(prompt, sampling, spec, deliver=deliver, logprobs=top)
+
+        shape = ResponseShape(
+            chat=False,
+            model=service.model_name,
+            include_usage=body.include_usage,
+            logprobs=top is not None,
+        )
+        return await answer(request, body, shape, submit)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
+        sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
+        messages = [m.as_dict() for m in body.messages]
+        tools = body.tool_request()
+        top = body.top_logprobs()
+        chat = pyramid.prepare_chat(messages, sampling, tools, settings.chat_template)
+
+        def submit(deliver: Deliver) -> Job:
+            return pyramid.submit(
+                chat.tokens, chat.sampling, spec, deliver=deliver, logprobs=top,
+                special=chat.special,
+            )  # fmt: skip
+
+        shape = ResponseShape(
+            chat=True,
+            model=service.model_name,
+            include_usage=body.include_usage,
+            logprobs=top is not None,
+        )
+        return await answer(request, body, shape, submit, chat.reader())
+
+    return router
+
+
+def _check_token_ids(prompt: Sequence[int], n_vocab: int) -> None:
+    """A 400 naming the first prompt token id outside the target's vocabulary."""
+    bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ApiError(
+            400,
+            f"prompt: token id {bad} is not in the model's vocabulary (0 to {n_vocab - 1})",
+            param="prompt",
+        )

@@ -1,0 +1,115 @@
+"""What every route of the server shares: :class:`Service`, the one door onto the request path.
+
+A dialect's route (OpenAI's, llama-server's, Anthropic's, Ollama's) parses its body into the
+pyramid's terms (a prompt or a :class:`~pyramid_gguf.api.ChatPrompt`, a
+:class:`~pyramid_gguf.core.sampling.SamplingConfig`, a
+:class:`~pyramid_gguf.core.spec.SpecConfig`), hands :meth:`Service.admit` a ``submit``
+(a :meth:`Pyramid.submit <pyramid_gguf.api.Pyramid.submit>` call given the reader's
+``deliver``), and shapes the steps it reads back, whole (:meth:`Service.collect`) or streamed
+(:func:`event_stream`). Admission, the client's disconnect, the server's shutdown and the
+``/metrics`` totals are the same for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.responses import Response as HTTPResponse
+
+from ..api import Job, Pyramid, Response
+from ..core.spec import SpecConfig
+from .jobs import ClientGone, Deliver, Reader, Totals, shutting_down
+from .settings import ServerSettings
+
+Submit = Callable[[Deliver], Job]
+
+
+def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
+    """One server-sent event (``data:`` a JSON object or a literal such as ``[DONE]``)."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n"
+
+
+def event_stream(body: AsyncIterator[str], media_type: str = "text/event-stream") -> HTTPResponse:
+    """A streamed HTTP answer of ``body`` (server-sent events, or NDJSON lines)."""
+    return StreamingResponse(
+        body,
+        media_type=media_type,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@dataclass
+class Service:
+    """One app's view of the pyramid it serves: settings, the model's name and default spec,
+    the open readers (its shutdown answers them) and the totals ``/metrics`` reports. Several
+    apps may serve one pyramid, one after another (the tests do)."""
+
+    pyramid: Pyramid
+    settings: ServerSettings
+    totals: Totals = field(default_factory=Totals)
+    readers: set[Reader] = field(default_factory=set)
+    closing: bool = False
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name or self.pyramid.name
+
+    @property
+    def spec(self) -> SpecConfig:
+        """The spec a request's knobs apply to: the server's, else the ladder's."""
+        return self.settings.spec or self.pyramid.spec
+
+    async def admit(self, request: Request, submit: Submit) -> tuple[Reader, Response] | None:
+        """Admit one generation and wait for its first step (a 503 when the queue is full or the
+        server stops); None when the client left first (its job is cancelled)."""
+        if self.closing:
+            raise shutting_down()
+        reader = Reader(self.totals, self.readers).open(submit)
+        try:
+            async with reader.watching(request):
+                first = await reader.next()
+        except ClientGone:
+            return None
+        except BaseException:
+            reader.close()
+            raise
+        if first is None:  # ended before its first step, and not by its client
+            raise shutting_down()
+        return reader, first
+
+    async def collect(self, request: Request, reader: Reader, first: Response) -> list[Response]:
+        """Every step of a generation (``first`` included), read while watching the client: a
+        :class:`ClientGone` when it leaves (its job is cancelled)."""
+        steps: list[Response] = []
+        step: Response | None = first
+        try:
+            async with reader.watching(request):
+                while step is not None:
+                    steps.append(step)
+                    step = await reader.next()
+        finally:
+            reader.close()
+        return steps
+
+    def stop(self) -> None:
+        """Event loop, when the server starts to stop: refuse new requests and answer every
+        open one with a 503 (its generation stops at its next token)."""
+        self.closing = True
+        for reader in list(self.readers):
+            reader.abort(shutting_down())
+
+    def wait(self) -> None:
+        """Cancel every open generation and wait for each to end (before the models go)."""
+        self.closing = True
+        jobs = [r.job for r in list(self.readers) if r.job is not None]
+        for job in jobs:
+            job.cancel()
+        for job in jobs:
+            job.wait()
