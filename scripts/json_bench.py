@@ -31,11 +31,16 @@ from pyramid_gguf.bench.prompts import load_prompt_sets
 
 
 def llama_cpp_python(path: Path, threads: int, n_ctx: int, flash_attn: bool) -> Any:
-    """llama-cpp-python's own ``Llama`` on ``path`` (CPU, ``threads`` threads)."""
-    import llama_cpp
+    """llama-cpp-python's own ``Llama`` on ``path`` (CPU, ``threads`` threads), its weights
+    placed as ours are: llama-cpp-python's default load on a CPU with AMX puts them in the AMX
+    buffer, whose kernels crash on batched decodes (SIGILL, llama.cpp #20824); ours, and so
+    this peer's, uses the repacked kernels without AMX (``native.peer_llama``)."""
+    from pyramid_gguf.native import peer_llama
 
-    return llama_cpp.Llama(
-        str(path),
+    load = LoadConfig(n_threads=threads, n_threads_batch=threads, n_gpu_layers=0)
+    return peer_llama(
+        path,
+        load,
         n_ctx=n_ctx,
         n_threads=threads,
         n_threads_batch=threads,

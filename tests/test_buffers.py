@@ -199,3 +199,28 @@ def test_greedy_target_equals_llama_cpp_python_with_the_same_buffers(
             assert got.text == want["choices"][0]["text"]
             assert got.stats.generated_tokens == want["usage"]["completion_tokens"]
     ref.close()
+
+
+def test_the_benchmark_peer_is_placed_as_ours(tiny_target: Path) -> None:
+    """``native.peer_llama``: llama-cpp-python's own ``Llama`` with our placement of the
+    weights (on an AMX CPU, CPU_REPACK by overrides instead of the AMX buffer, whose batched
+    decodes crash), so the JSON benchmark's peer runs everywhere: a batched prompt decodes and
+    its greedy text is ours."""
+    from pyramid_gguf.native import peer_llama
+
+    load = LoadConfig(n_ctx=256, n_threads=1, n_threads_batch=1, n_gpu_layers=0)
+    llm = peer_llama(
+        tiny_target, load, n_ctx=256, n_threads=1, n_threads_batch=1, n_gpu_layers=0,
+        flash_attn=False, verbose=False,
+    )  # fmt: skip
+    placement, _ = llm._pyramid_placement
+    assert placement == plan_placement(tiny_target, load)
+    want: list[int] = []
+    for token in llm.generate(llm.tokenize(b"the model of the"), temp=0.0, top_k=1):
+        want.append(token)
+        if len(want) == 6:
+            break
+    greedy = SamplingConfig(temperature=0, max_tokens=6, ignore_eos=True)
+    with Pyramid.from_paths(tiny_target, load=replace(load, flash_attn=False)) as p:
+        got = p.generate("the model of the", greedy, SpecConfig(mode="target"))
+    assert got.token_ids == want

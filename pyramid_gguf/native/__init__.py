@@ -20,7 +20,7 @@ from .backend import (
     supports_gpu_offload,
     system_info,
 )
-from .buffers import build_has_amx_kernels
+from .buffers import build_has_amx_kernels, peer_llama
 from .grammar import grammar_tokenizer
 from .model import EvalTimer, NativeModel, Part
 from .sequence import Evaluate, ModelSequence, SequenceView
@@ -40,6 +40,7 @@ __all__ = [
     "ftype_names",
     "gpu_device",
     "grammar_tokenizer",
+    "peer_llama",
     "quantize",
     "supports_gpu_offload",
     "system_info",

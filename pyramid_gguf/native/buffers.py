@@ -21,6 +21,7 @@ rows a multiple of 8).
 - :func:`plan_placement`: how to load a file under a :class:`LoadConfig` (a :class:`Placement`).
 - :func:`repack_names`: the weights of a file that CPU_REPACK takes on this CPU.
 - :func:`parse_buffer_sizes`: MiB per buffer type from llama.cpp's load log.
+- :func:`peer_llama`: llama-cpp-python's own ``Llama`` (a benchmark's peer), placed the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -342,3 +344,32 @@ def describe_buffers(sizes: dict[str, float]) -> str:
     """``CPU_REPACK 748.0 MiB, CPU_Mapped 313.5 MiB``: largest first."""
     ordered = sorted(sizes.items(), key=lambda kv: -kv[1])
     return ", ".join(f"{name} {mib:.1f} MiB" for name, mib in ordered) or "unknown"
+
+
+_PEER_LOCK = threading.Lock()
+
+
+def peer_llama(path: Path, cfg: LoadConfig, **kwargs: Any) -> llama_cpp.Llama:
+    """llama-cpp-python's own ``Llama`` on ``path`` (a benchmark's peer), its weights placed as
+    :func:`plan_placement` places ours: on a build with the AMX kernels, whose batched decodes
+    crash (llama.cpp #20824), the AMX-safe ``repack`` placement instead of llama.cpp's default,
+    so a comparison runs the same kernels on both sides and does not die with SIGILL.
+    ``kwargs`` go to ``Llama`` (``n_ctx``, ``n_threads``, ``flash_attn``...)."""
+    placement = plan_placement(path, cfg)
+    keep: list[object] = []  # what the overrides point into: the Llama holds it below
+    module = llama_cpp.llama_cpp  # where Llama() looks its default params up
+    default_params = module.llama_model_default_params
+
+    def params() -> llama_cpp.llama_model_params:
+        p = default_params()
+        keep.append(placement.apply(p))
+        return p
+
+    with _PEER_LOCK:  # Llama() reads llama_model_default_params once, in its constructor
+        module.llama_model_default_params = params
+        try:
+            llm = llama_cpp.Llama(str(path), **kwargs)
+        finally:
+            module.llama_model_default_params = default_params
+    setattr(llm, "_pyramid_placement", (placement, keep))  # noqa: B010 (alive as long as it)
+    return llm
