@@ -11,6 +11,7 @@ bodies are built on top of this, in :mod:`pyramid_gguf.serving.openai`.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -106,11 +107,13 @@ class ChatPrompt:
     ``sampling`` its answer runs with (the request's, plus a response format's or the tools'
     grammar), and ``calls``, the tool-call format that reads calls out of the answer (None: no
     tools). With tools the answer's text renders control tokens (``special``), which only the
-    call reader sees: :meth:`reader` turns the text into content and calls."""
+    call reader sees: :meth:`reader` turns the text into content and calls, dropping the
+    ``controls`` (control-token texts that are not the format's markers) from content."""
 
     tokens: list[int]
     sampling: SamplingConfig
     calls: ToolCallFormat | None = None
+    controls: frozenset[str] = frozenset()
 
     @property
     def special(self) -> bool:
@@ -119,7 +122,9 @@ class ChatPrompt:
 
     def reader(self) -> CallStream | None:
         """A reader of this answer's content and tool calls (None without tools)."""
-        return CallStream(self.calls) if self.calls is not None else None
+        if self.calls is None:
+            return None
+        return CallStream(self.calls, controls=self.controls)
 
 
 class Pyramid:
@@ -322,13 +327,16 @@ class Pyramid:
         chat_template: str | None = None,
         *,
         tools: Sequence[Tool] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         """The prompt text of a chat (OpenAI messages, tool calls and results included) and
-        ``tools``, rendered by :meth:`template`."""
+        ``tools``, rendered by :meth:`template` (the assistant's turn opened unless
+        ``add_generation_prompt`` is false)."""
         vocab = self.ladder.target.vocab
         return self.template(chat_template).render(
             messages,
             tools=tools,
+            add_generation_prompt=add_generation_prompt,
             bos_token=vocab.token_text(vocab.bos),
             eos_token=vocab.token_text(vocab.eos),
         )
@@ -380,7 +388,21 @@ class Pyramid:
                 sampling = sampling.with_(grammar=found.grammar, triggers=found.triggers)
             shown = tools.tools
         tokens = self.chat_tokens(messages, chat_template, tools=shown)
-        return ChatPrompt(tokens, sampling, calls)
+        controls = self.control_texts if calls is not None else frozenset()
+        return ChatPrompt(tokens, sampling, calls, controls)
+
+    @functools.cached_property
+    def control_texts(self) -> frozenset[str]:
+        """The texts of the target vocabulary's control tokens (``<|im_start|>``...): what
+        renders only with special tokens, never content (read once: 0.3 s on Qwen's 152k)."""
+        vocab = self.ladder.target.vocab
+        out = set()
+        for t in range(vocab.n_vocab):
+            if vocab.token_bytes(t) == b"":
+                text = vocab.token_bytes(t, special=True).decode("utf-8", errors="ignore")
+                if text:
+                    out.add(text)
+        return frozenset(out)
 
     def special_texts(self, texts: Sequence[str]) -> frozenset[str]:
         """Those of ``texts`` that are single special tokens of the vocabulary (a tool-call
@@ -429,14 +451,19 @@ class Pyramid:
                 check_grammar(grammar)  # a one-line error before anything runs
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
 
-        def work(job: Job) -> None:
+        def work(job: Job) -> bool:
+            """Run the generation; whether it ended by being cancelled (a reader that stops
+            listening after the end cancels nothing)."""
+            reason: str | None = None
             try:
                 for step in self._generate(job, tokens, sampling, spec, logprobs, special):
+                    reason = step.finish_reason or reason
                     deliver(step)
             except BaseException as e:  # the reader raises it
                 deliver(e)
             finally:
                 deliver(END)
+            return reason == "cancelled"
 
         return self.slots.submit(tokens, work)
 

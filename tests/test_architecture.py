@@ -158,3 +158,21 @@ def test_the_public_api_loads_llama_cpp_before_numpy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "llama_cpp"
+
+
+@pytest.mark.parametrize("module", ["pyramid_gguf.api", "pyramid_gguf.serving.openai"])
+def test_the_python_api_imports_without_a_web_framework(module: str) -> None:
+    """``Pyramid`` and ``create_chat_completion`` (an OpenAI dict without a server) import with
+    fastapi, starlette and uvicorn unavailable."""
+    code = (
+        "import sys\n"
+        "class NoWeb:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('fastapi', 'starlette', 'uvicorn'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, NoWeb())\n"
+        f"import {module}\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-500:]

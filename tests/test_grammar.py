@@ -21,7 +21,7 @@ import pydantic
 import pytest
 
 from pyramid_gguf.core.errors import UserError
-from pyramid_gguf.core.grammar import Grammar
+from pyramid_gguf.core.grammar import Grammar, closed_schema
 from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.grammar import (
     Constraint,
@@ -478,3 +478,70 @@ def test_qwen_vocabulary_forces_keys_and_decodes_a_valid_answer(qwen_draft_path:
         # json.dumps's layout keeps the model on its own path; compact separators made it
         # answer {"name":",",...} here.
         assert text == json.dumps({"name": "Bob", "age": 42, "city": "Paris"})
+
+
+# --- llama.cpp's schema semantics: a missing additionalProperties means no extra keys ---
+
+
+class City(pydantic.BaseModel):
+    # pydantic writes no additionalProperties: clients rely on llama.cpp closing the object
+
+    name: str
+    country: str
+    population_millions: float
+
+
+def _accepts(c: Constraint, tok: llguidance.LLTokenizer, text: str) -> bool:
+    tokens = [*text_tokens(tok, text), tok.eos_token]
+    return c.validate(tokens) == len(tokens)
+
+
+def test_closed_schema_reads_additional_properties_as_llama_cpp() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+            "open": {"type": "object", "properties": {}, "additionalProperties": True},
+            "any": {"type": "object"},
+            "list": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+        },
+        "$defs": {"Item": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+        "allOf": [{"properties": {"c": {"type": "string"}}}],
+    }
+    closed = closed_schema(schema)
+    assert closed["additionalProperties"] is False
+    props = closed["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["open"]["additionalProperties"] is True  # said so: kept
+    assert "additionalProperties" not in props["any"]  # no properties: any object
+    assert closed["$defs"]["Item"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["allOf"][0]  # allOf branches stay open
+    assert "additionalProperties" not in schema  # the caller's schema is untouched
+
+
+def test_pydantic_schema_allows_only_the_declared_keys(tok: llguidance.LLTokenizer) -> None:
+    grammar = Grammar.json_schema(City)
+    assert "additionalProperties" not in json.loads(grammar.text)  # as the user gave it
+    good = json.dumps({"name": "Oslo", "country": "Norway", "population_millions": 0.7})
+    extra = good[:-1] + ', "currency": "NOK"}'
+    assert _accepts(constraint(grammar, tok), tok, good)
+    assert not _accepts(constraint(grammar, tok), tok, extra)
+    # the same schema as text and as a dict: the same semantics
+    for given in (City.model_json_schema(), json.dumps(City.model_json_schema())):
+        assert not _accepts(constraint(Grammar.json_schema(given), tok), tok, extra)
+
+
+def test_additional_properties_true_or_a_schema_allows_extra_keys(
+    tok: llguidance.LLTokenizer,
+) -> None:
+    base = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    extra = '{"a": 1, "b": "x"}'
+    opened = constraint(Grammar.json_schema({**base, "additionalProperties": True}), tok)
+    assert _accepts(opened, tok, extra)
+    typed = {**base, "additionalProperties": {"type": "string"}}
+    assert _accepts(constraint(Grammar.json_schema(typed), tok), tok, extra)
+    assert not _accepts(constraint(Grammar.json_schema(typed), tok), tok, '{"a": 1, "b": 2}')
+    assert not _accepts(constraint(Grammar.json_schema(base), tok), tok, extra)
+    anything = constraint(Grammar.json_schema({"type": "object"}), tok)
+    assert _accepts(anything, tok, extra)  # no properties: any object, as llama.cpp
+    assert _accepts(constraint(Grammar.json_object(), tok), tok, extra)

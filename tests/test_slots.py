@@ -457,3 +457,19 @@ def test_auto_in_a_batch_speculates_only_where_the_batch_gains(
     if others:
         assert sum(c for _, c in rest.reports) == len(tokens) - 1  # every round after the first
         assert all(size >= committed for size, committed in rest.reports)
+
+
+def test_finished_and_cancelled_requests_are_counted_apart(
+    ladder: Callable[..., Pyramid],
+) -> None:
+    """A generation that ran to its end counts as completed even when its reader lets go right
+    after the end; one whose reader leaves early counts as cancelled."""
+    with ladder("target") as p:
+        before = p.snapshot()
+        p.generate([1, 2], GREEDY.with_(max_tokens=3))  # the stream closes after its end
+        stream = p.stream([1, 3], GREEDY.with_(max_tokens=40))
+        next(stream)
+        stream.close()  # leaves early
+        after = p.snapshot()
+        assert after.completed - before.completed == 1
+        assert after.cancelled - before.cancelled == 1

@@ -802,3 +802,49 @@ def test_openai_parse_returns_a_pydantic_object(qwen_small: Pyramid) -> None:
         assert (person.name, person.age, person.city) == ("Bob", 42, "Paris")
         timings = r.model_extra["timings"]  # type: ignore[index]
         assert timings["forced_n"] > 0 and timings["mode"] == "auto"
+
+
+# --- llama.cpp's schema semantics through every door --------------------------------------------
+
+#: What pydantic writes for ``class Person(BaseModel): name: constr(max_length=6); age: int``:
+#: no ``additionalProperties``, which llama.cpp (and so clients) read as no other keys.
+PYDANTIC_STYLE: dict[str, Any] = {
+    "title": "Person",
+    "type": "object",
+    "properties": {
+        "name": {"title": "Name", "type": "string", "maxLength": 6},
+        "age": {"title": "Age", "type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "age"],
+}
+
+
+def declared_keys_only(text: str) -> None:
+    doc = json.loads(text)
+    assert list(doc) == ["name", "age"], text
+    jsonschema.validate(doc, PYDANTIC_STYLE)
+
+
+def test_a_schema_without_additional_properties_gets_only_its_keys_through_every_door(
+    server: str, tiny_target: Path
+) -> None:
+    sampled = {"temperature": 1.5, "max_tokens": 60}
+    for seed in range(6):
+        fmt = {"response_format": schema_format(PYDANTIC_STYLE), "seed": seed, **sampled}
+        r = post(server, fmt)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
+        declared_keys_only(r.json()["choices"][0]["message"]["content"])
+        for path in ("chat/completions", "completions"):
+            r = post(server, {"json_schema": PYDANTIC_STYLE, "seed": seed, **sampled}, path)
+            choice = r.json()["choices"][0]
+            declared_keys_only(
+                choice["message"]["content"] if "message" in choice else choice["text"]
+            )
+    base = ["--target", str(tiny_target), "-t", "1", "-c", "512", "--temp", "1.5", "-p", "the tree"]
+    for seed in range(3):
+        code, out, err = run_cli(
+            *base, "--seed", str(seed), "--json-schema", json.dumps(PYDANTIC_STYLE), "--json"
+        )
+        assert code == 0, err
+        declared_keys_only(json.loads(out)["text"])

@@ -14,6 +14,7 @@ from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from pyramid_gguf.chat import (
     CallIds,
+    CallStream,
     Message,
     ToolCall,
     ToolCallFormat,
@@ -284,6 +285,66 @@ def test_stream_deltas_have_openais_shape_and_arrive_as_written() -> None:
 )
 def test_text_that_may_open_a_call_is_held_back(fmt: ToolCallFormat, text: str, shown: str) -> None:
     assert fmt.parse_partial(text, ids()) == Message(shown)
+
+
+# --- control tokens never reach content ------------------------------------------------------
+
+QWEN_CONTROLS = frozenset(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>"])
+CALL = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}'
+ARGS = '{"city":"Oslo","unit":"c"}'
+
+
+def stream_all(fmt: ToolCallFormat, pieces: list[str]) -> tuple[Message, str, list[Any]]:
+    """``pieces`` fed to a CallStream with Qwen's control tokens: the final message, the
+    content streamed, and the streamed call deltas."""
+    stream = CallStream(fmt, ids(), QWEN_CONTROLS)
+    content, deltas = "", []
+    for piece in pieces:
+        d = stream.feed(piece)
+        content += d.content
+        deltas += d.tool_calls
+    final, last = stream.finish()
+    return final, content + last.content, [*deltas, *last.tool_calls]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["<|im_start|>", "\n", *CALL],  # the openai-agents answer of the issue
+        ["<|im_start|>", "assistant\n", "<tool_call>", "\n", CALL, "\n", "</tool_call>"],
+        ["<|im_end|>", "\n", "<tool_call>", "\n", *CALL, "\n</tool_call>", "<|im_end|>"],
+    ],
+)
+def test_a_call_after_a_control_token_is_parsed_and_no_content_carries_it(
+    pieces: list[str],
+) -> None:
+    final, streamed, deltas = stream_all(HERMES, pieces)
+    assert [(c.name, c.arguments) for c in final.calls] == [("get_weather", ARGS)]
+    assert "<|" not in (final.content or "") and "<|" not in streamed
+    assert "".join(d["function"]["arguments"] for d in deltas if "function" in d) == ARGS
+    whole = CallStream(HERMES, ids(), QWEN_CONTROLS).parse("".join(pieces))
+    assert whole == final
+
+
+@pytest.mark.parametrize("fmt", [HERMES, LLAMA])
+def test_control_tokens_are_dropped_from_plain_content_at_every_split(
+    fmt: ToolCallFormat,
+) -> None:
+    text = "<|im_start|>Hello<|im_end|> there, <|endoftext|>friend.<|im_end|>"
+    for step in (1, 2, 5):
+        pieces = [text[i : i + step] for i in range(0, len(text), step)]
+        final, streamed, deltas = stream_all(fmt, pieces)
+        assert final.content == streamed == "Hello there, friend." and not deltas
+    # a format's own marker is not a control to drop: it still opens a call
+    final, _, _ = stream_all(HERMES, ["Sure.", "<tool_call>", "\n", CALL])
+    assert final.content == "Sure." and len(final.calls) == 1
+
+
+def test_text_that_may_be_a_control_token_is_held_back() -> None:
+    stream = CallStream(HERMES, ids(), QWEN_CONTROLS)
+    assert stream.feed("Hi <|im_").content == "Hi"
+    assert stream.feed("end|>").content == ""
+    assert stream.finish()[0].content == "Hi "
 
 
 # --- grammars ---------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Each call is ``{"name": "<name>", "<arguments key>": <arguments>}``: the name and the keys are
 literal text (forced tokens), the arguments an inline ``%json`` schema (the tool's
-``parameters``, whose ``$ref``s resolve against it) with fixed whitespace: the separators the
-chat templates render (``", "`` and ``": "``, json.dumps's), never anything else, so that every
-key and brace is forced.
+``parameters``, whose ``$ref``s resolve against it; no keys beyond its ``properties`` unless
+it says so, as llama.cpp reads a schema: ``closed_schema``) with fixed whitespace: the
+separators the chat templates render (``", "`` and ``": "``, json.dumps's), never anything
+else, so that every key and brace is forced.
 
 A format's markers (``<tool_call>``, ``<|python_tag|>``) are written as special tokens
 (``<tool_call>``) where they are single special tokens of the model's vocabulary (the caller
@@ -17,7 +18,7 @@ import json
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
-from ..core.grammar import JSON_LAYOUT, Grammar, Trigger
+from ..core.grammar import JSON_LAYOUT, Grammar, Trigger, closed_schema
 from .tools import Tool
 
 
@@ -47,7 +48,7 @@ def call_rules(tools: Sequence[Tool], arguments_key: str, *, after: str = "") ->
     for i, tool in enumerate(tools):
         head = f'{{"name": "{tool.name}", "{arguments_key}": '
         assert head.startswith(after), (head, after)
-        schema = {**tool.parameters, "x-guidance": dict(JSON_LAYOUT)}
+        schema = {**closed_schema(dict(tool.parameters)), "x-guidance": dict(JSON_LAYOUT)}
         lines.append(f'call_{i}: {literal(head[len(after) :])} args_{i} "}}"')
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return lines

@@ -6,13 +6,16 @@ template; :func:`constraint` builds what a request's ``tool_choice`` asks for.
 
 Integration notes: ``special`` is the set of a format's ``markers`` that are single special
 tokens of the model's vocabulary (llguidance's ``<name>`` syntax matches only those); the text
-parsed must render special tokens (``<|python_tag|>`` is a control token).
+parsed must render special tokens (``<|python_tag|>`` is a control token). The other control
+tokens it then shows (``<|im_start|>``, ``<|im_end|>``...) are never content: :class:`CallStream`
+drops them (``controls``) before the format reads the text, so a call written after one is
+still a call.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Sequence
+from collections.abc import Collection, Container, Sequence
 from typing import Protocol
 
 from ..core.grammar import Grammar, Trigger
@@ -87,23 +90,45 @@ def constraint(
 
 class CallStream:
     """One answer's text read as content and tool calls by ``fmt``: :meth:`feed` each text
-    delta (streaming), :meth:`finish` at the end. Call ids are drawn once per call."""
+    delta (streaming), :meth:`finish` at the end. Call ids are drawn once per call.
 
-    def __init__(self, fmt: ToolCallFormat, ids: CallIds | None = None) -> None:
+    ``controls``: texts of control tokens that are not the format's own markers; they are
+    dropped from the text before it is parsed (and, while streaming, text that may be the start
+    of one is held back), so no content carries them."""
+
+    def __init__(
+        self, fmt: ToolCallFormat, ids: CallIds | None = None, controls: Collection[str] = ()
+    ) -> None:
         self.fmt = fmt
         self.ids = ids or CallIds()
         self.text = ""
         self._sent = Message("")
+        kept = sorted(set(controls) - set(fmt.markers) - {""}, key=len, reverse=True)
+        self._controls = re.compile("|".join(map(re.escape, kept))) if kept else None
+        self._prefixes = {c[:n] for c in kept for n in range(1, len(c))}
+        self._longest = max(map(len, kept), default=0)
 
     def feed(self, delta: str) -> Delta:
         """What the answer so far adds to what was sent: content, then call deltas."""
         self.text += delta
-        return self._send(self.fmt.parse_partial(self.text, self.ids))
+        text = self._clean(self.text)
+        for n in range(min(self._longest - 1, len(text)), 0, -1):
+            if text[-n:] in self._prefixes:
+                text = text[:-n]
+                break
+        return self._send(self.fmt.parse_partial(text, self.ids))
 
     def finish(self) -> tuple[Message, Delta]:
         """The whole answer parsed, and what it adds to what was sent."""
-        final = self.fmt.parse(self.text, self.ids)
+        final = self.parse(self.text)
         return final, self._send(final)
+
+    def parse(self, text: str) -> Message:
+        """A whole answer ``text`` as content and calls, control tokens dropped."""
+        return self.fmt.parse(self._clean(text), self.ids)
+
+    def _clean(self, text: str) -> str:
+        return self._controls.sub("", text) if self._controls is not None else text
 
     def _send(self, current: Message) -> Delta:
         out = diff(self._sent, current)

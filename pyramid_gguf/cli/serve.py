@@ -38,7 +38,15 @@ __all__ = ["serve"]
     "--api-key",
     envvar="PYRAMID_GGUF_API_KEY",
     default=None,
-    help="Require 'Authorization: Bearer KEY' on /v1 (env PYRAMID_GGUF_API_KEY).",
+    help="Require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every route but /health "
+    "and /metrics (env PYRAMID_GGUF_API_KEY).",
+)
+@click.option(
+    "--cors-origins",
+    default="*",
+    show_default=True,
+    help="Comma-separated origins a browser page may call from ('*': any, as llama-server; "
+    "'': none).",
 )
 @click.option(
     "--parallel",
@@ -101,6 +109,7 @@ def serve(**params: Any) -> None:
         queue_size=params["queue_size"],
         model_name=params["model_name"],
         chat_template=resolve_chat_format(params["chat_format"]),
+        cors_origins=tuple(o.strip() for o in params["cors_origins"].split(",") if o.strip()),
     )
     args = LadderArgs.from_params(params)
     sockets = listen(params["host"], params["port"])

@@ -34,6 +34,45 @@ _WHAT: dict[GrammarKind, str] = {
     "regex": "regular expression",
 }
 
+#: Keywords whose value is one subschema, a list of them, or a map of names to them.
+_ONE = ("items", "additionalItems", "not", "if", "then", "else", "contains", "propertyNames")
+_LIST = ("anyOf", "oneOf", "prefixItems")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_schema(schema: Any) -> Any:
+    """``schema`` read as llama.cpp's schema converter reads it: an object schema that lists
+    ``properties`` and says nothing of ``additionalProperties`` allows no other keys (as if
+    ``"additionalProperties": false``); ``true`` or a schema there still allows them, and an
+    object without ``properties`` (``{"type": "object"}``) stays any object. Pydantic and the
+    clients built on it (instructor, ``llm --schema``) rely on this; plain JSON Schema would let
+    the model add keys until ``max_tokens``. The branches of an ``allOf`` are left open (closing
+    each would refuse the keys the others declare). A new value; ``schema`` is not changed."""
+    return _close(schema, close=True)
+
+
+def _close(schema: Any, *, close: bool) -> Any:
+    if isinstance(schema, list):
+        return [_close(s, close=close) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if (
+        close
+        and isinstance(out.get("properties"), dict)
+        and "additionalProperties" not in out
+        and "patternProperties" not in out
+    ):
+        out["additionalProperties"] = False
+    for key, value in schema.items():
+        if key in _ONE or key in _LIST or key == "additionalProperties":
+            out[key] = _close(value, close=True)
+        elif key in _MAP and isinstance(value, dict):
+            out[key] = {name: _close(sub, close=True) for name, sub in value.items()}
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [_close(sub, close=False) for sub in value]
+    return out
+
 
 @dataclass(frozen=True)
 class Grammar:

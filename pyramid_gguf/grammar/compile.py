@@ -20,17 +20,21 @@ vocabulary :meth:`~pyramid_gguf.grammar.Constraint.forced` offers the three toke
 ``name``, ``":`` (`` "`` is forced text but not a forced token: `` ""`` or `` "'`` may also
 begin the value). Later ``, "age": `` and ``, "city": "`` are forced as soon as the model closes
 the previous value. A schema's own ``"x-guidance"`` options override these defaults.
+
+A JSON schema is read as llama.cpp reads it (:func:`~pyramid_gguf.core.grammar.closed_schema`):
+an object schema with ``properties`` and no ``additionalProperties`` allows no other keys.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import llguidance
 
 from ..core.errors import UserError
-from ..core.grammar import JSON_LAYOUT, Grammar
+from ..core.grammar import JSON_LAYOUT, Grammar, closed_schema
 
 
 def compile_grammar(grammar: Grammar) -> str:
@@ -53,7 +57,8 @@ def check_grammar(grammar: Grammar) -> None:
 def _compile(grammar: Grammar) -> str:
     if grammar.kind in ("json_schema", "json_object"):
         defaults: Any = dict(JSON_LAYOUT, lenient=not grammar.strict)
-        return llguidance.LLMatcher.grammar_from_json_schema(grammar.text, defaults=defaults)
+        schema = json.dumps(closed_schema(json.loads(grammar.text)), ensure_ascii=False)
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=defaults)
     if grammar.kind == "gbnf":
         try:
             return llguidance.grammar_from("gbnf", grammar.text)

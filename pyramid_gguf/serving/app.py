@@ -3,7 +3,8 @@
 ``create_app(pyramid, settings)`` returns a FastAPI app with ``GET /health``, ``GET /metrics``
 (Prometheus) and each dialect's routes, every one a door onto the same
 :class:`~.service.Service` (admission by :meth:`Pyramid.submit`, the pyramid's bounded queue;
-each generation read back by a :class:`~.jobs.Reader`): OpenAI's (:mod:`.openai_routes`).
+each generation read back by a :class:`~.jobs.Reader`): OpenAI's (:mod:`.openai_routes`),
+llama-server's simple ones (:mod:`.llama_server`).
 Every error is answered in OpenAI's shape (:mod:`.http_errors`). :class:`Server` runs it on
 uvicorn.
 """
@@ -18,10 +19,11 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.responses import Response as HTTPResponse
 
 from ..api import Pyramid
-from . import openai_routes
+from . import anthropic, llama_server, ollama, openai_routes
 from .http_errors import ApiKeyMiddleware, install_error_handlers
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render as render_metrics
@@ -47,6 +49,13 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
     install_error_handlers(app)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.cors_origins:  # added last: outermost, so a preflight needs no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -69,6 +78,9 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
         return HTTPResponse(body, media_type=METRICS_TYPE)
 
     app.include_router(openai_routes.routes(service))
+    app.include_router(ollama.routes(service))
+    app.include_router(anthropic.routes(service))
+    app.include_router(llama_server.routes(service))
     return app
 
 

@@ -12,24 +12,34 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response as HTTPResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..core.errors import UserError
+from ..core.errors import ContextOverflow, UserError
 from .errors import ApiError, error_of, validation_error
+
+#: Paths answered without the API key (llama-server's public ``/health``; ``/metrics``).
+PUBLIC = frozenset({"/health", "/v1/health", "/metrics"})
 
 
 class ApiKeyMiddleware:
-    """401 for ``/v1`` requests without ``Authorization: Bearer <api_key>`` (pure ASGI)."""
+    """401 for requests without the API key, as ``Authorization: Bearer <api_key>`` or
+    llama-server's (and Anthropic's) ``X-Api-Key: <api_key>`` (pure ASGI). Every route needs it
+    but :data:`PUBLIC` and Ollama's ``/api/`` routes, which check it themselves (answering in
+    Ollama's error shape)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.bearer = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path and path not in PUBLIC and not path.startswith("/api/"):
+            headers = dict(scope["headers"])
+            bearer = headers.get(b"authorization", b"")
+            key = headers.get(b"x-api-key", b"")
+            if not (hmac.compare_digest(bearer, self.bearer) or hmac.compare_digest(key, self.key)):
                 error = ApiError(
                     401,
-                    "Incorrect or missing API key (send Authorization: Bearer KEY).",
+                    "Incorrect or missing API key (send Authorization: Bearer KEY or X-Api-Key).",
                     code="invalid_api_key",
                 )
                 await response(error)(scope, receive, send)
@@ -54,7 +64,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return response(validation_error(exc.errors()))
 
     async def user_error(request: Request, exc: Exception) -> HTTPResponse:
-        return response(ApiError(400, str(exc)))
+        # OpenAI's code for a prompt longer than the context, which clients look for
+        code = "context_length_exceeded" if isinstance(exc, ContextOverflow) else None
+        return response(ApiError(400, str(exc), code=code))
 
     async def http_error(request: Request, exc: Exception) -> HTTPResponse:
         assert isinstance(exc, StarletteHTTPException)

@@ -262,6 +262,7 @@ def create_chat_completion(
         raise UserError(validation_error(e.errors()).message) from None
     chat = pyramid.prepare_chat(turns, sampling, offered, chat_template)
     c = pyramid.generate(chat.tokens, chat.sampling, spec, special=chat.special)
-    message = chat.calls.parse(c.text) if chat.calls is not None else None
+    reader = chat.reader()
+    message = reader.parse(c.text) if reader is not None else None
     shape = ResponseShape(chat=True, model=pyramid.name)
     return shape.full(c.text, c.finish_reason, c.stats, message=message)

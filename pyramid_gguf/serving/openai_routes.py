@@ -1,5 +1,7 @@
 """OpenAI's routes: ``GET /v1/models``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (streamed as server-sent events when ``stream`` is true).
+:func:`register` adds the same handlers under another prefix (llama-server's unprefixed
+``/models``, ``/completions``, ``/chat/completions``: :mod:`.llama_server`).
 
 Bodies are parsed by :mod:`.schemas`, chats prepared by :meth:`Pyramid.prepare_chat
 <pyramid_gguf.api.Pyramid.prepare_chat>`, generations admitted by the :class:`~.service.Service`
@@ -68,8 +70,14 @@ async def _events(
 
 
 def routes(service: Service) -> APIRouter:
-    """OpenAI's routes over ``service``."""
+    """OpenAI's routes over ``service``, under ``/v1``."""
     router = APIRouter()
+    register(router, service, "/v1")
+    return router
+
+
+def register(router: APIRouter, service: Service, prefix: str) -> None:
+    """Add OpenAI's three routes over ``service`` to ``router`` under ``prefix``."""
     pyramid = service.pyramid
     settings = service.settings
 
@@ -93,10 +101,9 @@ def routes(service: Service) -> APIRouter:
         text = "".join(s.text for s in steps)
         logprobs = [lp for s in steps for lp in s.logprobs]
         last = steps[-1]
-        message = calls.fmt.parse(text, calls.ids) if calls is not None else None
+        message = calls.parse(text) if calls is not None else None
         return JSONResponse(shape.full(text, last.finish_reason, last.stats, logprobs, message))
 
-    @router.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {
             "id": service.model_name,
@@ -107,7 +114,6 @@ def routes(service: Service) -> APIRouter:
         }
         return {"object": "list", "data": [card]}
 
-    @router.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
         sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
         prompt: Prompt = body.prompt  # type: ignore[assignment]
@@ -126,7 +132,6 @@ def routes(service: Service) -> APIRouter:
         )
         return await answer(request, body, shape, submit)
 
-    @router.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
         sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
         messages = [m.as_dict() for m in body.messages]
@@ -148,7 +153,9 @@ def routes(service: Service) -> APIRouter:
         )
         return await answer(request, body, shape, submit, chat.reader())
 
-    return router
+    router.add_api_route(f"{prefix}/models", models, methods=["GET"])
+    router.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+    router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
 
 
 def _check_token_ids(prompt: Sequence[int], n_vocab: int) -> None:

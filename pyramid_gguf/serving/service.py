@@ -13,7 +13,7 @@ pyramid's terms (a prompt or a :class:`~pyramid_gguf.api.ChatPrompt`, a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +23,37 @@ from starlette.responses import Response as HTTPResponse
 
 from ..api import Job, Pyramid, Response
 from ..core.spec import SpecConfig
+from .errors import ApiError, error_of
 from .jobs import ClientGone, Deliver, Reader, Totals, shutting_down
 from .settings import ServerSettings
 
 Submit = Callable[[Deliver], Job]
+#: A route's handler of a JSON object body.
+Handler = Callable[[Request, dict[str, Any]], Awaitable[HTTPResponse]]
+#: A dialect's error response: ``(status, message, headers) -> response``.
+ErrorShape = Callable[[int, str, dict[str, str] | None], HTTPResponse]
+
+
+async def json_route(
+    request: Request, handler: Handler, error: ErrorShape, empty: bytes = b"{}"
+) -> HTTPResponse:
+    """Run ``handler`` on the request's JSON object body (``empty`` when there is none), every
+    error answered in a dialect's own ``error`` shape: bad JSON and a body that is no object
+    are 400s, an :class:`ApiError` keeps its status, a ``UserError`` is a 400 and anything else
+    a 500, never a traceback."""
+    try:
+        body = json.loads(await request.body() or empty)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return error(400, f"invalid JSON body: {e}", None)
+    if not isinstance(body, dict):
+        return error(400, "the request body must be a JSON object", None)
+    try:
+        return await handler(request, body)
+    except ApiError as e:
+        return error(e.status, e.message, e.headers)
+    except Exception as e:
+        shaped = error_of(e)
+        return error(shaped.status, shaped.message, None)
 
 
 def sse(data: dict[str, Any] | str, event: str | None = None) -> str:

@@ -48,6 +48,9 @@ class ServerSettings:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     spec: SpecConfig | None = None
     chat_template: str | None = None
+    #: Origins a browser page may call from (CORS; ``"*"``: any, llama-server's default;
+    #: empty: no CORS headers, a page of another origin cannot call).
+    cors_origins: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         if self.queue_size < 1:

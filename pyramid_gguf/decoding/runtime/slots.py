@@ -41,9 +41,10 @@ class PoolClosed(RuntimeError):
 
 class Job:
     """One admitted request. ``work(job)`` runs on a worker thread of the pool: it takes a slot
-    with :meth:`SlotPool.take`, decodes, and hands what it produces to its reader."""
+    with :meth:`SlotPool.take`, decodes, hands what it produces to its reader, and returns
+    whether it ended by being cancelled (counted apart from the completed ones)."""
 
-    def __init__(self, prompt: Sequence[int], work: Callable[[Job], None]) -> None:
+    def __init__(self, prompt: Sequence[int], work: Callable[[Job], bool]) -> None:
         self.prompt = list(prompt)
         self.work = work
         self._cancelled = threading.Event()
@@ -163,7 +164,7 @@ class SlotPool:
 
     # --- admission -----------------------------------------------------------------------------
 
-    def submit(self, prompt: Sequence[int], work: Callable[[Job], None]) -> Job:
+    def submit(self, prompt: Sequence[int], work: Callable[[Job], bool]) -> Job:
         """Admit a request for ``prompt`` whose ``work`` runs on a worker thread
         (:class:`QueueFull` when ``queue_size`` requests are admitted already,
         :class:`PoolClosed` once the pool is closing)."""
@@ -196,15 +197,16 @@ class SlotPool:
                     return
                 job = self._queue.popleft()
                 self._running.add(job)
+            cancelled = True
             try:
-                job.work(job)
+                cancelled = job.work(job)
             finally:
                 with self._cond:
                     self._running.discard(job)
                     self._admitted -= 1
                     if not job.joined:
                         self._not_joined -= 1
-                    if job.cancelled:
+                    if cancelled:
                         self._cancelled += 1
                     else:
                         self._completed += 1

@@ -1,0 +1,457 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` (streamed as Anthropic's server-sent events
+when ``stream`` is true) and ``POST /v1/messages/count_tokens``.
+
+A request is a chat like any other: its ``system`` and text blocks become the chat template's
+messages, :meth:`Pyramid.prepare_chat <pyramid_gguf.api.Pyramid.prepare_chat>` renders them, and
+the :class:`~.service.Service` admits the generation (the slots, the queue's 503, the API key
+of the server's middleware apply as on OpenAI's routes). ``max_tokens``, ``stop_sequences``,
+``temperature``, ``top_p``, ``top_k`` map onto
+:class:`~pyramid_gguf.core.sampling.SamplingConfig`, ``output_config.format`` (a JSON schema) onto
+the answer's grammar; the speculative knobs (``mode``,
+``l_d``...) are taken at the top level of a body (an extension). What would change the answer
+and is not honoured here is a 400: server tools, images and documents, extended thinking, a
+last assistant message (prefill). Client ``tools`` (``input_schema``) and ``tool_choice``
+(``auto``, ``any``, ``tool``, ``none``) are the chat's tools: the model's calls come back as
+``tool_use`` blocks (``stop_reason: "tool_use"``; streamed whole after the text, each as one
+``input_json_delta``), and ``tool_use`` / ``tool_result`` blocks of earlier turns are rendered
+as the template's calls and results. A streamed answer is ``message_start``, one text block
+(``content_block_start``, ``content_block_delta`` text deltas, ``content_block_stop``),
+``message_delta`` (stop reason, output tokens) and ``message_stop``; the whole answer and
+``message_delta`` carry llama-server's ``timings`` too. Errors are Anthropic's shape,
+``{"type": "error", "error": {"type": ..., "message": ...}}`` (an ``error`` event once a stream
+has begun).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import Response as HTTPResponse
+
+from ..api import ChatPrompt, Job, Response
+from ..chat import CallStream, Message, ToolRequest, parse_tool_request
+from ..core.errors import UserError
+from ..core.grammar import Grammar
+from ..core.sampling import SamplingConfig
+from ..grammar import check_grammar
+from .errors import ApiError, error_of
+from .jobs import ClientGone, Deliver, Reader
+from .openai import timings
+from .schemas import GenerationRequest
+from .service import Handler, Service, event_stream, json_route, sse
+
+#: Anthropic's error type of each status we answer.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """An error in Anthropic's shape."""
+    kind = ERROR_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
+
+
+class MessagesRequest(BaseModel):
+    """The fields of ``/v1/messages`` (and, without ``max_tokens``, of ``count_tokens``) that
+    we read; others are ignored unless :meth:`check_supported` refuses them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    tools: Any = None
+    tool_choice: Any = None
+    thinking: dict[str, Any] | None = None
+    #: Structured output: ``{"format": {"type": "json_schema", "schema": {...}}}``.
+    output_config: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        """A 400 for what would change the answer and that we do not honour."""
+        if self.thinking and self.thinking.get("type") not in (None, "disabled"):
+            raise ApiError(400, "extended thinking is not supported")
+        if any(not s for s in self.stop_sequences or ()):
+            raise ApiError(400, "stop_sequences: a stop sequence must not be empty")
+
+    def turns(self) -> list[dict[str, Any]]:
+        """The chat template's messages: the system prompt first, each turn's text blocks
+        joined (a 400 for any other block, an unknown role or a last assistant turn)."""
+        out: list[dict[str, Any]] = []
+        if self.system:
+            out.append({"role": "system", "content": _text(self.system, "system")})
+        for i, m in enumerate(self.messages):
+            role = m.get("role")
+            if role not in ("user", "assistant"):
+                raise ApiError(400, f'messages.{i}.role: must be "user" or "assistant"')
+            out += _turns(role, m.get("content"), f"messages.{i}.content")
+        if out[-1]["role"] == "assistant":
+            raise ApiError(400, "a last assistant message (prefill) is not supported")
+        return out
+
+    def tool_request(self) -> ToolRequest | None:
+        """Anthropic's ``tools`` and ``tool_choice`` as the chat's tool request (a 400 naming
+        the field for a server tool, a bad schema, a choice naming no tool...)."""
+        tools, choice, parallel = openai_tools(self.tools, self.tool_choice)
+        try:
+            return parse_tool_request(tools, choice, parallel)
+        except UserError as e:
+            field = "tool_choice" if "tool_choice" in str(e) else "tools"
+            raise ApiError(400, f"{field}: {e}") from None
+
+    def sampling(self, base: SamplingConfig) -> SamplingConfig:
+        changes: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("temperature", self.temperature),
+                ("top_p", self.top_p),
+                ("top_k", self.top_k),
+                ("max_tokens", self.max_tokens),
+            )
+            if v is not None
+        }
+        if self.stop_sequences:
+            changes["stop"] = tuple(self.stop_sequences)
+        grammar = self.grammar()
+        if grammar is not None:
+            changes["grammar"] = grammar
+        return base.with_(**changes) if changes else base
+
+    def grammar(self) -> Grammar | None:
+        """``output_config.format``'s JSON schema as the answer's grammar, checked (a 400)."""
+        fmt = (self.output_config or {}).get("format")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise ApiError(400, 'output_config.format: type must be "json_schema"')
+        if not isinstance(fmt.get("schema"), dict):
+            raise ApiError(400, "output_config.format.schema: must be a JSON schema object")
+        grammar = Grammar.json_schema(fmt["schema"])
+        try:
+            check_grammar(grammar)
+        except UserError as e:
+            raise ApiError(400, f"output_config.format.schema: {e}") from None
+        return grammar
+
+
+def _text(content: Any, where: str) -> str:
+    """A string, or the text of a list of ``{"type": "text", "text": ...}`` blocks."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}: must be a string or a list of content blocks")
+    parts = []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text" or not isinstance(block.get("text"), str):
+            raise ApiError(400, f"{where}.{j}: content blocks of type {kind!r} are not supported")
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def _turns(role: str, content: Any, where: str) -> list[dict[str, Any]]:
+    """One Anthropic message as the chat template's turns (OpenAI's shape): an assistant's
+    ``tool_use`` blocks become its ``tool_calls``, a user's ``tool_result`` blocks ``tool``
+    turns (before the user's text, if any)."""
+    if not isinstance(content, list):
+        return [{"role": role, "content": _text(content, where)}]
+    texts: list[dict[str, Any]] = []
+    calls, results = [], []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_use" and role == "assistant":
+            name, arguments = block.get("name"), block.get("input", {})
+            if not isinstance(name, str) or not isinstance(arguments, dict):
+                raise ApiError(400, f"{where}.{j}: a tool_use block needs a name and an input")
+            call = {"name": name, "arguments": arguments}
+            calls.append(
+                {"id": block.get("id") or f"toolu_{j}", "type": "function", "function": call}
+            )
+        elif kind == "tool_result" and role == "user":
+            text = _text(block.get("content") or "", f"{where}.{j}.content")
+            results.append(
+                {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text}
+            )
+        else:
+            texts.append(block)
+    text = _text(texts, where)
+    if role == "assistant":
+        turn: dict[str, Any] = {"role": role, "content": text}
+        return [turn | {"tool_calls": calls}] if calls else [turn]
+    return results + ([{"role": role, "content": text}] if text or not results else [])
+
+
+def openai_tools(tools: Any, choice: Any) -> tuple[Any, Any, bool | None]:
+    """Anthropic's ``tools`` and ``tool_choice`` in OpenAI's terms (a 400 for server tools)."""
+    if tools is None:
+        return None, None, None
+    if not isinstance(tools, list):
+        raise ApiError(400, "tools: must be a list of tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise ApiError(400, f"tools.{i}: tools of type {kind!r} are not supported")
+        function = {
+            "name": tool.get("name"),
+            "description": tool.get("description") or "",
+            "parameters": tool.get("input_schema"),
+        }
+        out.append({"type": "function", "function": function})
+    if choice is None:
+        return out, None, None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    parallel = None if not isinstance(choice, dict) else not choice.get("disable_parallel_tool_use")
+    if kind in ("auto", "none"):
+        return out, kind, parallel
+    if kind == "any":
+        return out, "required", parallel
+    if kind == "tool":
+        return out, {"type": "function", "function": {"name": choice.get("name")}}, parallel
+    raise ApiError(400, 'tool_choice: type must be "auto", "any", "tool" or "none"')
+
+
+def tool_uses(message: Message) -> list[dict[str, Any]]:
+    """A parsed answer's calls as Anthropic's ``tool_use`` blocks (``input`` an object)."""
+    out = []
+    for call in message.calls:
+        try:
+            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError:
+            arguments = {}
+        tool_id = "toolu_" + call.id.removeprefix("call_")
+        out.append({"type": "tool_use", "id": tool_id, "name": call.name, "input": arguments})
+    return out
+
+
+def _first_error(e: ValidationError) -> ApiError:
+    first = e.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    return ApiError(400, f"{loc}: {first.get('msg', 'invalid value')}" if loc else "invalid body")
+
+
+class Shape:
+    """One answer's id, model and how its parts look."""
+
+    def __init__(
+        self,
+        model: str,
+        stops: tuple[str, ...],
+        detokenize: Callable[..., str],
+        calls: CallStream | None = None,
+    ) -> None:
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.model = model
+        self.stops = stops
+        self.detokenize = detokenize
+        self.calls = calls
+
+    def stop(self, reason: str | None, text: str, tokens: list[int]) -> tuple[str, str | None]:
+        """Anthropic's ``stop_reason`` and ``stop_sequence``. The answer's text ends where a
+        stop sequence began; the text of its tokens goes on with the part of it that they hold
+        (all of it, or the start held back before the token that completed it, which the steps
+        leave out). Where they hold none of it (a stop sequence completed by one token), an
+        end of turn is what we can tell."""
+        if reason != "stop":
+            return "max_tokens", None
+        full = self.detokenize(tokens)
+        tail = full[len(text) :] if full.startswith(text) else ""
+        for stop in self.stops if tail else ():
+            if tail.startswith(stop) or stop.startswith(tail):
+                return "stop_sequence", stop
+        return "end_turn", None
+
+    def message(self, content: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        }
+
+    def whole(self, steps: list[Response]) -> dict[str, Any]:
+        text = "".join(s.text for s in steps)
+        tokens = [t for s in steps for t in s.token_ids]
+        last = steps[-1]
+        reason, sequence = self.stop(last.finish_reason, text, tokens)
+        content = [{"type": "text", "text": text}]
+        if self.calls is not None:
+            message = self.calls.parse(text)
+            uses = tool_uses(message)
+            content = [{"type": "text", "text": message.content}] if message.content else []
+            content += uses
+            if uses and reason == "end_turn":
+                reason = "tool_use"
+        out = self.message(content, last.stats.prompt_tokens)
+        out |= {"stop_reason": reason, "stop_sequence": sequence}
+        out["usage"]["output_tokens"] = last.stats.generated_tokens
+        return out | {"timings": timings(last.stats)}
+
+    async def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
+        """The SSE body; leaving early (client gone) cancels the generation."""
+        try:
+            start = self.message([], first.stats.prompt_tokens)
+            yield sse({"type": "message_start", "message": start}, "message_start")
+            opened = self.calls is None  # with tools, the text block opens at its first text
+            if opened:
+                yield _block_start(0, {"type": "text", "text": ""})
+            text, tokens = "", []
+            step: Response | None = first
+            last = first
+            while step is not None:
+                last = step
+                text += step.text
+                tokens += step.token_ids
+                piece = step.text if self.calls is None else self.calls.feed(step.text).content
+                if piece:
+                    if not opened:
+                        yield _block_start(0, {"type": "text", "text": ""})
+                        opened = True
+                    yield _block_delta(0, {"type": "text_delta", "text": piece})
+                step = await reader.next()
+            uses: list[dict[str, Any]] = []
+            if self.calls is not None:
+                message, rest = self.calls.finish()
+                uses = tool_uses(message)
+                if rest.content:
+                    if not opened:
+                        yield _block_start(0, {"type": "text", "text": ""})
+                        opened = True
+                    yield _block_delta(0, {"type": "text_delta", "text": rest.content})
+            if opened:
+                yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+            for index, use in enumerate(uses, start=int(opened)):
+                yield _block_start(index, use | {"input": {}})
+                arguments = json.dumps(use["input"], ensure_ascii=False)
+                yield _block_delta(index, {"type": "input_json_delta", "partial_json": arguments})
+                yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+            reason, sequence = self.stop(last.finish_reason, text, tokens)
+            if uses and reason == "end_turn":
+                reason = "tool_use"
+            yield sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": {"output_tokens": last.stats.generated_tokens},
+                    "timings": timings(last.stats),
+                },
+                "message_delta",
+            )
+            yield sse({"type": "message_stop"}, "message_stop")
+        except Exception as e:  # after the headers went out: an error event
+            error = error_of(e)
+            yield sse(error_body(error.status, error.message), "error")
+        finally:
+            reader.close()
+
+
+def _block_start(index: int, block: dict[str, Any]) -> str:
+    event = {"type": "content_block_start", "index": index, "content_block": block}
+    return sse(event, "content_block_start")
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> str:
+    return sse(
+        {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+    )
+
+
+def routes(service: Service) -> APIRouter:
+    """Anthropic's routes over ``service``."""
+    router = APIRouter()
+    pyramid = service.pyramid
+    settings = service.settings
+
+    async def guarded(request: Request, handler: Handler) -> HTTPResponse:
+        """Run ``handler`` on the JSON body, every error answered in Anthropic's shape."""
+        return await json_route(request, handler, _error, empty=b"null")
+
+    def parse(body: dict[str, Any]) -> tuple[MessagesRequest, ChatPrompt]:
+        try:
+            request = MessagesRequest.model_validate(body)
+        except ValidationError as e:
+            raise _first_error(e) from None
+        request.check_supported()
+        turns, tools = request.turns(), request.tool_request()
+        sampling = request.sampling(settings.sampling)
+        chat = pyramid.prepare_chat(turns, sampling, tools, settings.chat_template)
+        return request, chat
+
+    def knobs(body: dict[str, Any]) -> Any:
+        """The speculative knobs set at the top level of ``body``, on the server's spec."""
+        extra = {k: v for k, v in body.items() if k not in GenerationRequest.model_fields}
+        try:
+            return GenerationRequest.model_validate(extra).spec(service.spec)
+        except ValidationError as e:
+            raise _first_error(e) from None
+
+    async def messages_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
+        if body.get("max_tokens") is None:
+            raise ApiError(400, "max_tokens: Field required")
+        parsed, chat = parse(body)
+        spec = knobs(body)
+
+        def submit(deliver: Deliver) -> Job:
+            return pyramid.submit(
+                chat.tokens, chat.sampling, spec, deliver=deliver, special=chat.special
+            )
+
+        vocab = pyramid.ladder.target.vocab
+
+        def detokenize(tokens: list[int]) -> str:  # as the steps' text is made, piece by piece
+            pieces = b"".join(vocab.token_bytes(t, special=chat.special) for t in tokens)
+            return pieces.decode("utf-8", errors="replace")
+
+        shape = Shape(parsed.model, chat.sampling.stop, detokenize, chat.reader())
+        admitted = await service.admit(request, submit)
+        if admitted is None:
+            return HTTPResponse(status_code=499)
+        reader, first = admitted
+        if parsed.stream:
+            return event_stream(shape.events(reader, first))
+        try:
+            steps = await service.collect(request, reader, first)
+        except ClientGone:
+            return HTTPResponse(status_code=499)
+        return JSONResponse(shape.whole(steps))
+
+    async def count_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
+        _, chat = parse(body)
+        return JSONResponse({"input_tokens": len(chat.tokens)})
+
+    @router.post("/v1/messages")
+    async def messages(request: Request) -> HTTPResponse:
+        return await guarded(request, messages_route)
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> HTTPResponse:
+        return await guarded(request, count_route)
+
+    return router
