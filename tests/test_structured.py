@@ -633,7 +633,28 @@ UNHONOURED: dict[str, tuple[Any, list[Any]]] = {
     "suffix": ("}", [""]),
     "functions": ([{"name": "f", "parameters": {}}], [[]]),
     "function_call": ("auto", [None]),
+    "dry_multiplier": (0.8, [0, 0.0]),
+    "xtc_probability": (0.5, [0]),
+    "top_n_sigma": (1.0, [-1]),
+    "dynatemp_range": (0.5, [0]),
+    "samplers": (["top_k", "temperature"], [None]),
+    "n_probs": (3, [0]),
+    "continue_final_message": (True, [False]),
+    "n_indent": (4, [0]),
+    "t_max_predict_ms": (500, [0]),
 }
+
+
+def test_n_predict_is_llama_servers_max_tokens(server: str) -> None:
+    """llama-server's ``n_predict`` bounds the answer as ``max_tokens`` does (asked for 3,
+    never more), on both routes; ``max_tokens`` wins when both are sent."""
+    for path in ("chat/completions", "completions"):
+        r = post(server, {"n_predict": 3, "max_tokens": None, "ignore_eos": True}, path)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3
+        both = post(server, {"n_predict": 3, "max_tokens": 5, "ignore_eos": True}, path)
+        assert both.json()["usage"]["completion_tokens"] == 5
+    bad_request(post(server, {"n_predict": -2}), "n_predict", "n_predict")
 
 
 def test_the_unhonoured_fields_are_all_tested() -> None:

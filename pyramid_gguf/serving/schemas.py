@@ -57,6 +57,18 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None, ""), "suffix (fill-in-the-middle) is not supported"),
     "functions": ((None, []), "functions is the old form of tools: send tools"),
     "function_call": ((None,), "function_call is the old form of tool_choice: send tool_choice"),
+    # llama-server's sampler fields we do not run (each changes the distribution the answer is
+    # drawn from; the speculative rules would stay lossless under any warp every tier shares,
+    # but we have not written these warps)
+    "dry_multiplier": ((None, 0, 0.0), "dry_multiplier (DRY repetition penalty) is not supported"),
+    "xtc_probability": ((None, 0, 0.0), "xtc_probability (XTC sampling) is not supported"),
+    "top_n_sigma": ((None, -1, -1.0), "top_n_sigma is not supported (send -1)"),
+    "dynatemp_range": ((None, 0, 0.0), "dynatemp_range (dynamic temperature) is not supported"),
+    "samplers": ((None,), "samplers (a sampler order) is not supported"),
+    "n_probs": ((None, 0), "n_probs is not supported: send logprobs (and top_logprobs)"),
+    "continue_final_message": ((None, False), "continue_final_message is not supported"),
+    "n_indent": ((None, 0), "n_indent is not supported"),
+    "t_max_predict_ms": ((None, 0), "t_max_predict_ms is not supported"),
 }
 
 
@@ -79,6 +91,8 @@ class GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
+    #: llama-server's name for it: the most tokens to generate (-1: until the end).
+    n_predict: int | None = Field(None, ge=-1)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = None
@@ -105,7 +119,10 @@ class GenerationRequest(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def token_limit(self) -> int | None:
-        return self.max_tokens
+        """``max_tokens``, else llama-server's ``n_predict`` (-1: until the end)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
 
     def top_logprobs(self) -> int | None:
         """Alternatives per token to report with log-probabilities, or None for none."""
@@ -271,7 +288,7 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs_: int | None = Field(None, alias="top_logprobs", ge=0, le=MAX_TOP_LOGPROBS)
 
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_completion_tokens or super().token_limit()
 
     def tool_request(self) -> ToolRequest | None:
         """The request's tools and how to use them (None: no tools); a 400 naming the field
