@@ -6,6 +6,8 @@ input answered in OpenAI's error shape, and the key taken as ``Authorization: Be
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,3 +216,230 @@ def test_cors_origins_limit_the_pages_or_turn_cors_off(tiny_target: Path) -> Non
         with live_server(pyramid, ServerSettings(cors_origins=())) as live:
             r = httpx.options(f"{live.url}/v1/models", headers=PREFLIGHT)
             assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+
+
+# --- the native /completion -------------------------------------------------------------------
+
+PROMPT = "I believe the meaning of life is"
+YES_NO = 'root ::= "yes" | "no"'
+SMALL = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+
+
+def complete(live: Live, **body: Any) -> dict[str, Any]:
+    r = post(live, "/completion", {"prompt": PROMPT, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    assert "Traceback" not in r.text
+    return dict(r.json())
+
+
+def chunks(live: Live, **body: Any) -> list[dict[str, Any]]:
+    """The ``data:`` chunks of a streamed ``/completion`` (no ``[DONE]``, as llama-server)."""
+    r = post(live, "/completion", {"prompt": PROMPT, "temperature": 0, "stream": True, **body})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in r.text.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events) and "[DONE]" not in r.text
+    return [json.loads(e[len("data: ") :]) for e in events]
+
+
+def test_completion_answers_in_llama_servers_fields(live: Live) -> None:
+    out = complete(live, n_predict=5, return_tokens=True)
+    n_prompt = len(live.pyramid.tokenize(PROMPT))
+    assert out["stop"] is True and out["stop_type"] == "limit" and out["stopping_word"] == ""
+    assert out["tokens_predicted"] == len(out["tokens"]) == 5
+    assert all(isinstance(t, int) for t in out["tokens"])
+    assert out["content"] == live.pyramid.detokenize(out["tokens"])
+    assert out["tokens_evaluated"] == n_prompt and out["truncated"] is False
+    assert out["tokens_cached"] == n_prompt + 5
+    assert isinstance(out["has_new_line"], bool) and out["model"] == "tiny"
+    timings = out["timings"]
+    assert timings["predicted_n"] == 5 and timings["prompt_n"] + timings["cache_n"] == n_prompt
+    settings = out["generation_settings"]
+    assert (
+        settings["grammar"] == ""
+        and settings["n_predict"] == 5
+        and settings["seed"] == 42
+        and settings["temperature"] == 0
+    )
+    assert settings["stream"] is False and settings["n_probs"] == 0
+    assert complete(live, n_predict=5)["tokens"] == []  # only with return_tokens
+    # the same answer as OpenAI's /completions, and from the prompt's token ids
+    openai = post(live, "/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0})
+    assert openai.json()["choices"][0]["text"] == out["content"]
+    ids = complete(live, prompt=live.pyramid.tokenize(PROMPT), n_predict=5)
+    assert ids["content"] == out["content"] and ids["tokens_evaluated"] == n_prompt
+
+
+def test_completion_streams_as_llama_server(live: Live) -> None:
+    whole = complete(live, n_predict=8)
+    events = chunks(live, n_predict=8)
+    *parts, last = events
+    assert parts and all(p["stop"] is False and p["tokens"] for p in parts)
+    assert all(isinstance(t, int) for p in parts for t in p["tokens"])
+    assert "".join(p["content"] for p in parts) == whole["content"]
+    assert sum(len(p["tokens"]) for p in parts) == 8
+    assert last["stop"] is True and last["content"] == "" and last["tokens"] == []
+    assert last["stop_type"] == "limit" and last["tokens_predicted"] == 8
+    assert last["timings"]["predicted_n"] == 8 and last["truncated"] is False
+    assert last["generation_settings"]["n_predict"] == 8
+    assert last["generation_settings"]["stream"] is True
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_completion_stops_at_a_word(live: Live, stream: bool) -> None:
+    full = complete(live, n_predict=16)["content"]
+    word = full[len(full) // 2 : len(full) // 2 + 2]
+    want = full[: full.find(word)]
+    if stream:
+        *parts, out = chunks(live, n_predict=16, stop=[word])
+        content = "".join(p["content"] for p in parts)
+    else:
+        out = complete(live, n_predict=16, stop=[word])
+        content = out["content"]
+    assert content == want
+    assert out["stop_type"] == "word" and out["stopping_word"] == word
+    unmatched = complete(live, n_predict=4, stop=["\x00never"])
+    assert unmatched["stop_type"] == "limit" and unmatched["stopping_word"] == ""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_completion_grammars_end_by_eos(live: Live, stream: bool) -> None:
+    for field, value in (("grammar", YES_NO), ("json_schema", SMALL)):
+        body = {field: value, "n_predict": 40}
+        if stream:
+            *parts, out = chunks(live, **body)
+            content = "".join(p["content"] for p in parts)
+        else:
+            out = complete(live, **body)
+            content = out["content"]
+        if field == "grammar":
+            assert content in ("yes", "no") and out["generation_settings"]["grammar"] == YES_NO
+        else:
+            assert set(json.loads(content)) == {"a"}
+        assert out["stop_type"] == "eos" and out["stopping_word"] == "", out
+
+
+def test_completion_takes_the_sampling_fields(live: Live) -> None:
+    sampled = {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "min_p": 0.01, "n_predict": 6}
+    first = complete(live, seed=7, **sampled)
+    assert complete(live, seed=7, **sampled)["content"] == first["content"]
+    settings = first["generation_settings"]
+    assert settings["seed"] == 7 and settings["top_k"] == 20 and settings["top_p"] == 0.9
+    assert settings["min_p"] == 0.01 and settings["temperature"] == 1.0
+    eos = complete(live, n_predict=7, ignore_eos=True)
+    assert eos["tokens_predicted"] == 7 and eos["generation_settings"]["ignore_eos"] is True
+    assert complete(live, n_predict=-1)["generation_settings"]["n_predict"] == 99  # the server's
+    assert complete(live, n_predict=3, n_probs=0)["tokens_predicted"] == 3
+
+
+def test_completion_reuses_the_cache_whatever_cache_prompt_says(live: Live) -> None:
+    complete(live, n_predict=2, cache_prompt=False)
+    again = complete(live, n_predict=2, cache_prompt=False)
+    n_prompt = again["tokens_evaluated"]
+    assert 0 < again["timings"]["cache_n"] <= n_prompt
+    assert again["timings"]["prompt_n"] + again["timings"]["cache_n"] == n_prompt
+
+
+def test_completion_refuses_bad_input_in_openais_shape(live: Live) -> None:
+    n_vocab = live.pyramid.ladder.target.n_vocab
+    for body, fragments in (
+        ({"n_predict": 0}, ("n_predict",)),
+        ({"n_predict": -2}, ("n_predict",)),
+        ({"n_predict": "many"}, ("n_predict",)),
+        ({"prompt": [1, n_vocab]}, ("prompt", str(n_vocab))),
+        ({"prompt": [-3]}, ("prompt",)),
+        ({"prompt": 5}, ("prompt",)),
+        ({"prompt": None}, ("prompt",)),
+        ({"prompt": []}, ("prompt",)),
+        ({"n_probs": 5}, ("n_probs",)),
+        ({"temperature": -1}, ("temperature",)),
+        ({"top_p": 2}, ("top_p",)),
+        ({"grammar": YES_NO, "json_schema": SMALL}, ("grammar", "json_schema")),
+        ({"grammar": 'root ::= ( "a"'}, ("grammar",)),
+        ({"json_schema": {"not": {}}}, ("json_schema",)),
+        ({"dry_multiplier": 0.5}, ("dry_multiplier",)),
+        ({"stream": True, "n_predict": 0}, ("n_predict",)),
+    ):
+        r = post(live, "/completion", {"prompt": PROMPT, **body})
+        bad(r, *fragments)
+        assert "Traceback" not in r.text
+    bad(post(live, "/completion", {"n_predict": 2}), "prompt")  # required, as llama-server's
+    for raw in (b"{", b"[1, 2]", b'{"prompt": "a"'):
+        r = httpx.post(f"{live.url}/completion", content=raw, headers=AUTH)
+        bad(r)
+    long = post(live, "/completion", {"prompt": "the cat " * 400, "n_predict": 4})
+    bad(long, "does not fit the context")
+    assert post(live, "/completion", {"prompt": PROMPT}, {}).status_code == 401
+
+
+# --- /slots and OpenAI's usage chunk ------------------------------------------------------------
+
+
+def test_slots_lists_each_slot_read_only(live: Live) -> None:
+    complete(live, n_predict=2)
+    r = httpx.get(f"{live.url}/slots", headers=AUTH)
+    assert r.status_code == 200
+    (slot,) = r.json()
+    assert slot["id"] == 0 and slot["n_ctx"] == TINY_LOAD.n_ctx
+    assert slot["is_processing"] is False and slot["n_prompt_tokens"] > 0
+    now = live.pyramid.snapshot()
+    assert now.slot_busy == (False,) and now.slot_cached[0] == slot["n_prompt_tokens"]
+    free = httpx.get(f"{live.url}/slots", params={"fail_on_no_slot": 1}, headers=AUTH)
+    assert free.status_code == 200
+    assert httpx.post(f"{live.url}/slots", headers=AUTH).status_code == 405
+    assert httpx.get(f"{live.url}/slots").status_code == 401
+    assert httpx.get(f"{live.url}/props", headers=AUTH).json()["endpoint_slots"] is True
+
+
+def test_slots_show_a_slot_at_work(live: Live) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def deliver(item: object) -> None:  # holds the slot until released
+        started.set()
+        release.wait(30)
+
+    job = live.pyramid.submit(PROMPT, SamplingConfig(max_tokens=2), deliver=deliver)
+    try:
+        assert started.wait(30)
+        (slot,) = httpx.get(f"{live.url}/slots", headers=AUTH).json()
+        assert slot["is_processing"] is True and live.pyramid.snapshot().slot_busy == (True,)
+        busy = httpx.get(f"{live.url}/slots", params={"fail_on_no_slot": 1}, headers=AUTH)
+        assert busy.status_code == 503 and "no slot" in busy.json()["error"]["message"]
+    finally:
+        release.set()
+        job.wait()
+    assert httpx.get(f"{live.url}/slots", headers=AUTH).json()[0]["is_processing"] is False
+
+
+def test_openais_streamed_usage_chunk_carries_timings(live: Live) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0}
+    for path, asked in (
+        ("/v1/completions", body),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3}),
+    ):
+        stream = {**asked, "stream": True, "stream_options": {"include_usage": True}}
+        r = post(live, path, stream)
+        events = [e[len("data: ") :] for e in r.text.split("\n\n") if e.startswith("data: ")]
+        last = json.loads(events[-2])  # before [DONE]
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
+        assert last["timings"]["predicted_n"] == 3
+        t = last["timings"]
+        assert t["prompt_n"] + t["cache_n"] == last["usage"]["prompt_tokens"]
+
+
+def test_openai_usage_reports_cached_prompt_tokens(live: Live) -> None:
+    body = {"prompt": PROMPT + " again", "max_tokens": 3, "temperature": 0}
+    post(live, "/v1/completions", body)
+    doc = post(live, "/v1/completions", body).json()
+    cached = doc["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == doc["timings"]["cache_n"] > 0
+    assert cached + doc["timings"]["prompt_n"] == doc["usage"]["prompt_tokens"]
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    events = [e[6:] for e in post(live, "/v1/completions", stream).text.split("\n\n") if e]
+    last = json.loads(events[-2])  # before [DONE]
+    details = last["usage"]["prompt_tokens_details"]
+    assert details["cached_tokens"] == last["timings"]["cache_n"]

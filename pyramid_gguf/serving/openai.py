@@ -36,12 +36,14 @@ def finish_reason(reason: str | None, called: bool = False) -> str:
     return "tool_calls" if called else "stop"
 
 
-def usage(stats: GenerationStats) -> dict[str, int]:
-    """OpenAI ``usage`` of a generation."""
+def usage(stats: GenerationStats) -> dict[str, Any]:
+    """OpenAI ``usage`` of a generation; ``prompt_tokens_details.cached_tokens``: the prompt
+    tokens reused from the cache (llama-server's ``timings.cache_n``)."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.prompt_tokens - stats.prompt_evaluated},
     }
 
 
@@ -163,9 +165,10 @@ class ResponseShape:
         return self._envelope("text_completion", [choice])
 
     def usage_chunk(self, stats: GenerationStats) -> dict[str, Any]:
-        """The last chunk when ``stream_options.include_usage``: no choices, only usage."""
+        """The last chunk when ``stream_options.include_usage``: no choices, only usage (and
+        ``timings``, as llama-server sends them)."""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._envelope(obj, []) | {"usage": usage(stats)}
+        return self._envelope(obj, []) | {"usage": usage(stats), "timings": timings(stats)}
 
     def final_chunk(
         self,

@@ -118,6 +118,9 @@ class PoolSnapshot:
     #: Tokens held in every tier's KV cache, all slots together.
     cached_tokens: int
     batches: BatchCounters = field(default_factory=BatchCounters)
+    #: Per slot, in slot order: whether it is decoding, and the tokens its target cache holds.
+    slot_busy: tuple[bool, ...] = ()
+    slot_cached: tuple[int, ...] = ()
 
 
 class SlotPool:
@@ -280,13 +283,14 @@ class SlotPool:
     def snapshot(self) -> PoolSnapshot:
         """The pool's figures now (read without stopping the engine)."""
         with self._cond:
-            busy = sum(s.busy for s in self.slots)
+            flags = tuple(s.busy for s in self.slots)
             counts = (len(self._queue), self._completed, self._cancelled, self._rejected)
         cached = sum(len(m.model.tokens) for s in self.slots for m in s.ladder.models)
+        held = tuple(len(s.held()) for s in self.slots)
         queued, completed, cancelled, rejected = counts
         return PoolSnapshot(
             slots=self.n_slots,
-            busy=busy,
+            busy=sum(flags),
             queued=queued,
             queue_size=self.queue_size,
             completed=completed,
@@ -294,6 +298,8 @@ class SlotPool:
             rejected=rejected,
             cached_tokens=cached,
             batches=self.batcher.counters(),
+            slot_busy=flags,
+            slot_cached=held,
         )
 
     def close(self) -> None:
