@@ -4,9 +4,9 @@
 (Prometheus) and each dialect's routes, every one a door onto the same
 :class:`~.service.Service` (admission by :meth:`Pyramid.submit`, the pyramid's bounded queue;
 each generation read back by a :class:`~.jobs.Reader`): OpenAI's (:mod:`.openai_routes`),
-llama-server's simple ones (:mod:`.llama_server`).
-Every error is answered in OpenAI's shape (:mod:`.http_errors`). :class:`Server` runs it on
-uvicorn.
+llama-server's own (:mod:`.llama_server`), Ollama's (:mod:`.ollama`) and Anthropic's
+(:mod:`.anthropic`). Errors are answered in OpenAI's shape (:mod:`.http_errors`), except on the
+Ollama and Anthropic routes, which answer in their own. :class:`Server` runs it on uvicorn.
 """
 
 from __future__ import annotations
