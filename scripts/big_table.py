@@ -29,13 +29,12 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from consumer_table import THREE_MODELS, TWO_MODELS, draft_qualifier, with_agreement
+from consumer_table import THREE_MODELS, TWO_MODELS, acceptance, stand_in
 
 from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.planning.devices import catalogue
 from pyramid_gguf.planning.plan import PlanInputs, plan_preset
 from pyramid_gguf.planning.rank import Ranking
-from pyramid_gguf.planning.sources import traces_for
 
 LADDERS = ("qwen2.5-0.5b-3b-14b", "qwen2.5-0.5b-7b-32b", "llama3-1b-8b-70b")
 #: One card per size the issue asks about, then a second of each size.
@@ -130,12 +129,9 @@ def main() -> None:
     cards = tuple(args.card or CARDS)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = None
-        shipped = traces_for("qwen2.5-coder-demo")
-        if args.draft_agreement is not None:
-            path = Path(tmp) / "traces.json"
-            shipped = with_agreement(shipped, args.draft_agreement, args.draft_follows)
-            shipped.save(path)
+        shipped, path = stand_in(
+            "qwen2.5-coder-demo", Path(tmp), args.draft_agreement, args.draft_follows
+        )
         for ladder in ladders:
             for card in cards:
                 inputs = PlanInputs(traces=path, gpu=card, cpu=args.cpu, detect=False, ram=args.ram)
@@ -149,10 +145,7 @@ def main() -> None:
         return
     print(
         f"Predicted (greedy) with each card's shipped profile, the {args.cpu} CPU profile and "
-        f"{args.ram} of RAM; acceptance: the shipped traces of {shipped.ladder}, standing in "
-        f"for each ladder's own: agreement with the target's tokens, draft "
-        f"{shipped.agreement('draft'):.0%}, qualifier {shipped.agreement('qualifier'):.0%}; "
-        f"draft with qualifier {draft_qualifier(shipped):.0%}.\n"
+        f"{args.ram} of RAM; {acceptance(shipped)}\n"
     )
     for ladder in ladders:
         print(f"{ladder}\n")

@@ -138,6 +138,29 @@ def draft_qualifier(traces: TraceSet) -> float:
     return sum(a == b for a, b in pairs) / max(len(pairs), 1)
 
 
+def stand_in(
+    ladder: str, tmp: Path, rate: float | None, follows: str
+) -> tuple[TraceSet, Path | None]:
+    """The shipped traces of ``ladder``, with the draft re-drawn at ``rate`` (None: as
+    recorded) and saved under ``tmp`` for the planner: ``(traces, their file or None)``."""
+    shipped = traces_for(ladder)
+    if rate is None:
+        return shipped, None
+    path = tmp / "traces.json"
+    remapped = with_agreement(shipped, rate, follows)
+    remapped.save(path)
+    return remapped, path
+
+
+def acceptance(traces: TraceSet) -> str:
+    """What stands in for each ladder's own acceptance, in one sentence."""
+    return (
+        f"acceptance: the shipped traces of {traces.ladder}, standing in for each ladder's own: "
+        f"agreement with the target's tokens, draft {traces.agreement('draft'):.0%}, qualifier "
+        f"{traces.agreement('qualifier'):.0%}; draft with qualifier {draft_qualifier(traces):.0%}."
+    )
+
+
 def run(ladders: tuple[str, ...], cards: tuple[str, ...], traces: Path | None) -> list[Row]:
     rows = []
     for ladder in ladders:
@@ -178,23 +201,14 @@ def main() -> None:
     ladders = tuple(args.ladder or LADDERS)
     cards = tuple(args.card or CARDS)
     with tempfile.TemporaryDirectory() as tmp:
-        path = None
-        shipped = traces_for(ladders[0])
-        if args.draft_agreement is not None:
-            path = Path(tmp) / "traces.json"
-            remapped = with_agreement(shipped, args.draft_agreement, args.draft_follows)
-            remapped.save(path)
-            shipped = remapped
+        shipped, path = stand_in(ladders[0], Path(tmp), args.draft_agreement, args.draft_follows)
         rows = run(ladders, cards, path)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
         return
     print(
         f"Predicted (greedy) with each card's shipped profile and the {DEFAULT['cpu']} CPU "
-        f"profile; acceptance: the shipped traces of {shipped.ladder}, standing in for each "
-        f"ladder's own: agreement with the target's tokens, draft "
-        f"{shipped.agreement('draft'):.0%}, qualifier {shipped.agreement('qualifier'):.0%}; "
-        f"draft with qualifier {draft_qualifier(shipped):.0%}.\n"
+        f"profile; {acceptance(shipped)}\n"
     )
     for ladder in ladders:
         print(f"{ladder}\n")
