@@ -44,6 +44,7 @@ def load_pyramid(
         name=resolved.name,
         vram=args.vram,
         ram=None if args.ram == "auto" else args.ram,
+        rpc=args.rpc,
         share_ngrams=share_ngrams,
         say=lambda m: click.echo(m, err=True),
     )

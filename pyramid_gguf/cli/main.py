@@ -21,7 +21,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import bench, calibrate, models, plan, run, serve, traces, tune
+    from . import bench, calibrate, models, plan, rpc_server, run, serve, traces, tune
 
     main.add_command(run.run)
     main.add_command(models.models)
@@ -33,6 +33,7 @@ def _register() -> None:
     main.add_command(calibrate.calibrate)
     main.add_command(traces.traces)
     main.add_command(serve.serve)
+    main.add_command(rpc_server.rpc_server)
 
 
 _register()

@@ -20,16 +20,19 @@ from typing import Any, TypeVar
 
 import click
 
+from ..core.endpoints import parse_endpoints
 from ..core.errors import UserError
 from ..core.ladder import TIERS, LadderPaths
 from ..core.load import LoadConfig
+from ..core.remote import RpcConfig
 from ..models.presets import DEFAULT_PRESET
 from ..models.registry import get_preset
 from ..planning.devices import DEFAULT, catalogue, format_list
-from ..planning.memory import GiB, MiB, fmt_mib, parse_size
+from ..planning.memory import GiB, MiB, fmt_mib, model_memory, parse_size
 from ..planning.plan import PlanInputs, plan_ladder, plan_preset
 from ..planning.ram import SSD_BYTES_PER_S, RamBudget, overflow_bytes, resolve_ram
 from ..planning.rank import Ranking
+from ..planning.remote import RemoteDevice, describe_remote, remote_fit
 from ..planning.tiers import preset_memory
 from ..planning.vram import KvQuant, Plan, fit_ladder, make_plan, resolve_budget
 from .options import (
@@ -228,6 +231,14 @@ def _profile_option(kind: str, hint: str) -> Callable[[F], F]:
 @click.option("--prompts", "sets", default=None, help="Only these prompt sets of the traces.")
 @_profile_option("gpu", f"else the card llama.cpp reports, else {DEFAULT['gpu']}")
 @_profile_option("cpu", f"else {DEFAULT['cpu']}")
+@click.option(
+    "--rpc",
+    metavar="HOST:PORT[,...]",
+    default=None,
+    help="Place tiers on these llama.cpp RPC servers instead (their memory as they report it).",
+)
+@click.option("--rpc-tiers", metavar="TIERS", default=None, help="Tiers there [default: target].")
+@click.option("--rpc-output/--no-rpc-output", "rpc_output", default=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(
     draft: str | None,
@@ -248,6 +259,9 @@ def plan(
     sets: str | None,
     gpu_name: str | None,
     cpu_name: str | None,
+    rpc: str | None,
+    rpc_tiers: str | None,
+    rpc_output: bool,
     as_json: bool,
 ) -> None:
     """Plan GPU offload for a ladder within a VRAM budget, before or after download.
@@ -277,11 +291,15 @@ def plan(
     if target is None and (qualifier or draft):
         raise UserError("--target is required when --draft or --qualifier is given")
     load = LoadConfig(n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)  # type: ignore[arg-type]
-    budget = resolve_budget(vram)
+    budget = resolve_budget(vram) if not rpc else 0
     quant: KvQuant = "auto" if kv_quant == "auto" else "off"
     margin_bytes = None if margin is None else parse_size(margin)
     paths = LadderPaths.of(target, qualifier, draft) if target else None
     ladder = preset or DEFAULT_PRESET
+    remote = RpcConfig.from_flags(rpc, rpc_tiers, rpc_output)
+    if remote is not None:
+        _plan_remote(remote, paths, ladder, load, hub=hub, as_json=as_json)
+        return
     if fit:
         if paths is not None:
             result = fit_ladder(budget, paths, load, kv_quant=quant, margin_bytes=margin_bytes)
@@ -317,3 +335,38 @@ def plan(
         click.echo(format_ranking(ranking))
         click.echo("")
         click.echo(format_plan(ranking.best.placement.plan, ranking.ram))
+
+
+def _plan_remote(
+    rpc: RpcConfig,
+    paths: LadderPaths | None,
+    preset: str,
+    load: LoadConfig,
+    *,
+    hub: bool,
+    as_json: bool,
+) -> None:
+    """``plan --rpc``: each tier's side against the servers' reported memory."""
+    from ..native import rpc as native_rpc
+
+    if paths is not None:
+        models = {t: model_memory(p) for t, p in paths.model_files().items()}
+    else:
+        models = dict(preset_memory(get_preset(preset), hub=hub).models)
+    devices = [
+        RemoteDevice(str(d.endpoint), d.name, d.free, d.total)
+        for d in native_rpc.devices(parse_endpoints(rpc.endpoints))
+    ]
+    fit = remote_fit(rpc.place_tiers(models), rpc, devices, load)
+    if as_json:
+        doc = {
+            "devices": [vars(d) for d in devices],
+            "remote_bytes": fit.remote_bytes,
+            "local_bytes": fit.local_bytes,
+            "free_bytes": fit.free_bytes,
+            "fits": fit.fits,
+            "tiers": list(fit.parts),
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(describe_remote(fit, devices, rpc))

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .endpoints import parse_endpoints
 from .errors import UserError
 
 KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
@@ -94,6 +95,11 @@ class LoadConfig:
     #: batch of every slot is one micro-batch), except with ``strict_identity``: there each
     #: sequence has its own stream, laid out as if it ran alone.
     parallel: int = 1
+    #: RPC servers (``HOST:PORT``) whose devices hold this model's layers (core/remote.py);
+    #: empty: this machine's devices only.
+    rpc: tuple[str, ...] = ()
+    #: With ``rpc``: the output layer on the servers too (the logits cross the link), else here.
+    rpc_output: bool = False
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
     #: Test hook: the AMX placement (extra types off, CPU_REPACK by overrides) on any CPU.
@@ -113,6 +119,8 @@ class LoadConfig:
             check_threads(n)
         if self.n_gpu_layers < -1:
             raise UserError(f"--n-gpu-layers must be -1 (all) or >= 0, got {self.n_gpu_layers}")
+        if self.rpc:
+            object.__setattr__(self, "rpc", tuple(str(e) for e in parse_endpoints(self.rpc)))
         if self.force_repack_overrides and self.extra_buffers is not None:
             raise UserError("force_repack_overrides places the weights itself: drop extra_buffers")
         for name, value in (("type_k", self.type_k), ("type_v", self.type_v)):

@@ -84,8 +84,13 @@ def build_id() -> str:
 
 
 def supports_gpu_offload() -> bool:
-    """Whether this llama.cpp build can offload layers to a GPU."""
+    """Whether this llama.cpp build can offload layers to a GPU of this machine. Not
+    ``llama_supports_gpu_offload`` alone: that also says yes for a CPU build with the RPC
+    backend, whose devices are other machines' (``native/rpc.py``)."""
     init_backend()
+    found = devices()
+    if found:
+        return any(gpu for gpu, _, _ in found)
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
@@ -97,7 +102,8 @@ def devices() -> list[tuple[bool, str, int]]:
     """Every device llama.cpp's backends report: ``(is a GPU, description, total memory in
     bytes)``; a CUDA card's description is its name (``NVIDIA GeForce RTX 4060 Laptop GPU``).
     Read through ggml's device registry (``ggml_backend_dev_*``), which llama-cpp-python does
-    not wrap; empty where the libraries do not export it."""
+    not wrap; empty where the libraries do not export it. RPC servers' devices are not this
+    machine's and are left out."""
     init_backend()
     lib = llama_cpp.llama_cpp._lib
     try:
@@ -111,9 +117,13 @@ def devices() -> list[tuple[bool, str, int]]:
     describe.restype, describe.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     size_p = ctypes.POINTER(ctypes.c_size_t)
     memory.restype, memory.argtypes = None, [ctypes.c_void_p, size_p, size_p]
+    dev_name = lib.ggml_backend_dev_name
+    dev_name.restype, dev_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     out = []
     for i in range(count()):
         dev = get(i)
+        if (dev_name(dev) or b"").startswith(b"RPC"):
+            continue
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         memory(dev, ctypes.byref(free), ctypes.byref(total))
         name = (describe(dev) or b"").decode("utf-8", "replace").strip()

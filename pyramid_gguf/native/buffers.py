@@ -321,6 +321,8 @@ def plan_placement(path: Path, cfg: LoadConfig) -> Placement:
     """
     if cfg.extra_buffers is not None:
         return Placement("extra" if cfg.extra_buffers else "none")
+    if cfg.rpc:  # overrides would pull the remote layers back here; the head stays unrepacked
+        return Placement("none" if build_has_amx_kernels() else "extra")
     if cfg.force_repack_overrides:
         return Placement("repack", repack_names(path))
     if not build_has_amx_kernels():

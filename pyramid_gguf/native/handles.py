@@ -26,6 +26,7 @@ from ..core.errors import ModelFileError, UserError
 from ..core.load import KV_TYPES, LoadConfig
 from .backend import captured_log
 from .buffers import parse_buffer_sizes, plan_placement
+from .rpc import remote_devices
 
 #: KV cache type names -> ggml type ids (the gguf package's enum mirrors ggml's).
 _GGML_TYPES: dict[str, int] = {name: int(GGMLQuantizationType[name.upper()]) for name in KV_TYPES}
@@ -42,6 +43,8 @@ class ModelHandle:
         self.placement = plan_placement(path, cfg)
         #: What the tensor overrides point into, kept as long as the model.
         self._overrides = self.placement.apply(params)
+        #: The RPC devices' array (``params.devices``), kept as long as the model.
+        self._devices = remote_devices(path, cfg, params)
         #: Contexts made from this model, freed before it.
         self.contexts: list[ContextHandle] = []
         with captured_log() as log:

@@ -112,11 +112,14 @@ def probe_identity(model: NativeModel, *, max_n: int = MAX_N) -> int:
 
 
 def cache_key(model: NativeModel) -> dict[str, Any]:
-    """What a calibration depends on: the file, the llama.cpp build, the load settings."""
+    """What a calibration depends on: the file, the llama.cpp build, the load settings, and for
+    a model on RPC servers the link (measured again through another endpoint)."""
     path = model.path.resolve()
     st = path.stat()
     cfg = model.cfg
+    remote = {"rpc": [*cfg.rpc, cfg.rpc_output]} if cfg.rpc else {}  # a link's costs are its own
     return {
+        **remote,
         "version": CACHE_VERSION,
         "file": str(path),
         "size": st.st_size,
@@ -181,7 +184,8 @@ def calibrate(
     problem = unwritable(path.parent)
     if say is not None:
         where = "cached afterwards" if problem is None else f"not cached: {path.parent}: {problem}"
-        say(f"measuring batch costs of {model.path.name} on this machine ({where})")
+        machine = f"through RPC {','.join(model.cfg.rpc)}" if model.cfg.rpc else "on this machine"
+        say(f"measuring batch costs of {model.path.name} {machine} ({where})")
     curve = cached.curve if cached is not None else measure_curve(model)
     batch = probe_identity(model) if probe else None
     cal = Calibration(curve, batch, measured=True)

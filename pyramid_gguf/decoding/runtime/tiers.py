@@ -84,8 +84,10 @@ class ModelTier:
         return self.model.eval([token], [0])[0]
 
     def lag(self, committed: Sequence[int]) -> int:
-        """Committed tokens this tier would have to evaluate before it could propose."""
-        return max(len(committed) - 1 - self.model.n_past, 0)
+        """Committed tokens this tier would have to evaluate before it could propose: all
+        after the prefix its cache shares with them (it may hold its own rejected tokens past
+        that, which a sync rolls back)."""
+        return max(len(committed) - 1 - common_prefix(self.model.tokens, committed[:-1]), 0)
 
     @overload
     def prefill(self, prompt: Sequence[int], *, logits: Literal[True]) -> np.ndarray: ...
