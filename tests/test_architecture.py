@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("decoding.runtime",),
     ("decoding.offline",),
     ("planning",),
-    ("api",),
+    ("api", "embeddings"),
     ("bench", "serving"),
     ("cli", "__main__"),
 )

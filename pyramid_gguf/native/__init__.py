@@ -9,6 +9,7 @@
 - :mod:`.rollback`: KV-cache rollback (suffix removal or saved sequence states).
 - :mod:`.vocab`: tokenizer and special tokens.
 - :mod:`.grammar`: llguidance's tokenizer built from a model's vocabulary.
+- :mod:`.embedding`: :class:`EmbeddingModel`, a model loaded for embeddings (pooled, batched).
 """
 
 from .backend import (
@@ -21,12 +22,15 @@ from .backend import (
     system_info,
 )
 from .buffers import build_has_amx_kernels, peer_llama
+from .embedding import EmbeddingConfig, EmbeddingModel
 from .grammar import grammar_tokenizer
 from .model import EvalTimer, NativeModel, Part
 from .sequence import Evaluate, ModelSequence, SequenceView
 from .vocab import Vocab
 
 __all__ = [
+    "EmbeddingConfig",
+    "EmbeddingModel",
     "EvalTimer",
     "Evaluate",
     "ModelSequence",

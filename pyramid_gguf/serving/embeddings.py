@@ -1,0 +1,261 @@
+"""Embedding routes over an :class:`~pyramid_gguf.embeddings.Embedder` (``serve
+--embedding-model``), a model of its own beside the ladder.
+
+- OpenAI's ``POST /v1/embeddings``: ``input`` a text, a list of texts, token ids or lists of
+  token ids; ``encoding_format`` ``float`` or ``base64`` (little-endian float32);
+  ``dimensions`` only as the model's own length (a 400 otherwise: we do not shorten vectors);
+  ``model`` ignored (the answer names the embedding model). Answered ``{"object": "list",
+  "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}``.
+- llama-server's ``POST /embeddings`` and legacy ``/embedding``: the same body (or ``content``
+  for ``input``), answered ``[{"index", "embedding": [[...]]}]``: one vector per input, or one
+  per token with pooling ``none`` (which OpenAI's route refuses, as llama-server does).
+  ``embd_normalize`` (-1, 0, 2, p) is honoured on both.
+- Ollama's ``POST /api/embed`` (``input`` a text or texts; ``truncate``, default true, keeps
+  an input's first tokens that fit the context, false makes a too-long input a 400; ``options``
+  and ``keep_alive`` change nothing here) answered ``{"model", "embeddings", "total_duration",
+  "load_duration", "prompt_eval_count"}``, and its legacy ``POST /api/embeddings``
+  (``prompt`` -> ``{"embedding": [...]}``, not normalised, as Ollama's).
+
+Each dialect answers errors in its own shape (OpenAI's through the app's handlers, Ollama's
+``{"error": ...}``); with no embedding model loaded every route is a 400 saying how to load one.
+The model runs on a worker thread (``asyncio.to_thread``), its calls taking turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.responses import Response as HTTPResponse
+
+from ..core.errors import ContextOverflow, UserError
+from ..embeddings import Embedded, Embedder, Input
+from .errors import ApiError
+from .service import json_route
+from .settings import ServerSettings
+
+NO_MODEL = (
+    "no embedding model is loaded: start `pyramid-gguf serve` with --embedding-model FILE.gguf"
+)
+
+
+def parse_inputs(value: Any, param: str = "input") -> list[Input]:
+    """OpenAI's (and llama-server's) ``input``: a text, token ids (one input; a list mixing
+    ids and texts is llama-server's one mixed prompt), or a list of texts and id lists."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, f"{param} must be a text, token ids or a non-empty list", param=param)
+    if any(_is_id(v) for v in value):
+        return [_piece_list(value, param)]
+    return [
+        v if isinstance(v, str) else _piece_list(v, f"{param}[{i}]") for i, v in enumerate(value)
+    ]
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _piece_list(value: Any, param: str) -> list[int | str]:
+    if not isinstance(value, list) or not all(_is_id(v) or isinstance(v, str) for v in value):
+        raise ApiError(400, f"{param} must be a text or a list of token ids", param=param)
+    return value
+
+
+def _normalize(body: dict[str, Any]) -> int | None:
+    p = body.get("embd_normalize")
+    if p is not None and (not _is_id(p) or p < -1 or p == 1):
+        raise ApiError(400, f"embd_normalize must be -1, 0, 2 or more, got {p!r}")
+    return p
+
+
+def _vector(v: np.ndarray, b64: bool) -> Any:
+    if b64:
+        return base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+    return v.tolist()
+
+
+def openai_body(result: Embedded, model: str, b64: bool) -> dict[str, Any]:
+    """OpenAI's answer of pooled vectors (``[n, n_embd]``)."""
+    data = []
+    for i, v in enumerate(result.vectors):
+        item = {"object": "embedding", "index": i, "embedding": _vector(v, b64)}
+        data.append(item | ({"encoding_format": "base64"} if b64 else {}))
+    usage = {"prompt_tokens": result.total_tokens, "total_tokens": result.total_tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
+
+
+def native_body(result: Embedded) -> list[dict[str, Any]]:
+    """llama-server's non-OpenAI answer: per input a list of vectors (one when pooled)."""
+    rows = [v[None, :] if v.ndim == 1 else v for v in result.vectors]
+    return [{"index": i, "embedding": r.tolist()} for i, r in enumerate(rows)]
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    """The request's JSON object body, or an :class:`ApiError` 400 (OpenAI's shape)."""
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"We could not parse the JSON body of your request: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _ollama_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def routes(embedder: Embedder | None, settings: ServerSettings) -> APIRouter:
+    """Every embedding route over ``embedder`` (None: each answers how to load one)."""
+    router = APIRouter()
+    key = settings.api_key.encode() if settings.api_key else None
+
+    def loaded() -> Embedder:
+        if embedder is None:
+            raise ApiError(400, NO_MODEL)
+        return embedder
+
+    async def run(inputs: list[Input], truncate: bool, normalize: int | None) -> Embedded:
+        model = loaded()
+        try:
+            return await asyncio.to_thread(
+                model.run, inputs, truncate=truncate, normalize=normalize
+            )
+        except ContextOverflow as e:
+            raise ApiError(400, str(e), code="context_length_exceeded") from None
+        except UserError as e:
+            raise ApiError(400, str(e)) from None
+
+    async def llama_or_openai(request: Request, oai: bool) -> HTTPResponse:
+        body = await _json(request)
+        model = loaded()
+        if "input" in body:
+            value = body["input"]
+        elif "content" in body:  # llama-server's own field: its own answer too
+            value, oai = body["content"], False
+        else:
+            raise ApiError(400, '"input" or "content" must be provided')
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiError(400, f'encoding_format must be "float" or "base64", got {fmt!r}')
+        dims = body.get("dimensions")
+        if dims is not None and dims != model.n_embd:
+            raise ApiError(
+                400,
+                f"dimensions {dims!r} is not supported: this model's vectors have "
+                f"{model.n_embd} (send {model.n_embd} or omit it)",
+                param="dimensions",
+            )
+        if oai and model.pooling == "none":
+            raise ApiError(
+                400,
+                "pooling 'none' gives one vector per token, which OpenAI's shape cannot hold: "
+                "use /embeddings, or start serve with --pooling mean, cls or last",
+            )
+        result = await run(parse_inputs(value), False, _normalize(body))
+        if not oai:
+            return JSONResponse(native_body(result))
+        return JSONResponse(openai_body(result, model.name, fmt == "base64"))
+
+    @router.post("/v1/embeddings")
+    async def v1_embeddings(request: Request) -> HTTPResponse:
+        return await llama_or_openai(request, oai=True)
+
+    @router.post("/embeddings")
+    async def embeddings(request: Request) -> HTTPResponse:
+        return await llama_or_openai(request, oai=False)
+
+    @router.post("/embedding")
+    async def embedding(request: Request) -> HTTPResponse:
+        return await llama_or_openai(request, oai=False)
+
+    # --- Ollama's --------------------------------------------------------------------------
+
+    def authorized(request: Request) -> bool:
+        """The server's API key (Ollama's routes pass the app's key check and do their own)."""
+        if key is None:
+            return True
+        bearer = request.headers.get("authorization", "").encode()
+        given = request.headers.get("x-api-key", "").encode()
+        return hmac.compare_digest(bearer, b"Bearer " + key) or hmac.compare_digest(given, key)
+
+    def ollama(handler: Callable[[Request, dict[str, Any]], Any]) -> Any:
+        async def route(request: Request) -> HTTPResponse:
+            if not authorized(request):
+                return _ollama_error(
+                    401, "incorrect or missing API key (send Authorization: Bearer KEY)"
+                )
+            return await json_route(request, handler, _ollama_error)
+
+        return route
+
+    def checked_dimensions(body: dict[str, Any], model: Embedder) -> None:
+        dims = body.get("dimensions")
+        if dims not in (None, 0, model.n_embd):
+            raise ApiError(
+                400,
+                f"dimensions {dims!r} is not supported: this model's vectors have {model.n_embd}",
+            )
+
+    async def api_embed(request: Request, body: dict[str, Any]) -> HTTPResponse:
+        started = time.monotonic()
+        model = loaded()
+        value = body.get("input")
+        if isinstance(value, str):
+            inputs: list[Input] = [value] if value else []
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            inputs = list(value)
+        elif value is None:
+            inputs = []
+        else:
+            raise ApiError(400, "input must be a string or a list of strings")
+        truncate = body.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise ApiError(400, f"truncate must be true or false, got {truncate!r}")
+        checked_dimensions(body, model)
+        name = str(body.get("model") or model.name)
+        if not inputs:  # Ollama's answer to nothing: the model is there, no vectors
+            return JSONResponse({"model": name, "embeddings": []})
+        if model.pooling == "none":
+            raise ApiError(
+                400, "pooling 'none' gives no vector per input: start serve with --pooling mean"
+            )
+        result = await run(inputs, truncate, None)
+        assert isinstance(result.vectors, np.ndarray)
+        return JSONResponse(
+            {
+                "model": name,
+                "embeddings": result.vectors.tolist(),
+                "total_duration": int((time.monotonic() - started) * 1e9),
+                "load_duration": 0,
+                "prompt_eval_count": result.total_tokens,
+            }
+        )
+
+    async def api_embeddings(request: Request, body: dict[str, Any]) -> HTTPResponse:
+        model = loaded()
+        prompt = body.get("prompt") or ""
+        if not isinstance(prompt, str):
+            raise ApiError(400, "prompt must be a string")
+        if not prompt:
+            return JSONResponse({"embedding": []})
+        if model.pooling == "none":
+            raise ApiError(
+                400, "pooling 'none' gives no vector per input: start serve with --pooling mean"
+            )
+        result = await run([prompt], False, -1)
+        return JSONResponse({"embedding": result.vectors[0].tolist()})
+
+    router.add_api_route("/api/embed", ollama(api_embed), methods=["POST"])
+    router.add_api_route("/api/embeddings", ollama(api_embeddings), methods=["POST"])
+    return router

@@ -1,0 +1,349 @@
+"""Embeddings: the native path and :class:`Embedder` on tiny generated models, and every
+embedding route live on uvicorn (OpenAI's through the official ``openai`` client, Ollama's
+through ``ollama``'s, llama-server's raw), beside a tiny ladder.
+
+The tiny embedding model is the tiny llama with ``llama.pooling_type = mean`` in its header, so
+its pooling comes from the file as a real embedding model's does; the tiny target, without
+one, gets llama.cpp's default (``none``: one vector per token).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gguf
+import httpx
+import numpy as np
+import ollama
+import openai
+import pytest
+import uvicorn
+from click.testing import CliRunner
+from conftest import TINY_LOAD
+from fastapi.testclient import TestClient
+from synth import write_tiny_llama
+
+from pyramid_gguf.api import Pyramid
+from pyramid_gguf.cli.main import main
+from pyramid_gguf.core.errors import ContextOverflow, UserError
+from pyramid_gguf.embeddings import Embedder, EmbeddingConfig
+from pyramid_gguf.serving.app import create_app
+from pyramid_gguf.serving.settings import ServerSettings
+
+KEY = "sk-embed"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ONE_THREAD = EmbeddingConfig(n_threads=1)
+TEXTS = ["the cat is on the tree", "def fib return", "the data of the model", "import numpy"]
+
+
+class _MeanPooled(gguf.GGUFWriter):
+    """A GGUF writer that records mean pooling in the header, as embedding models do."""
+
+    def write_header_to_file(self, *args: Any, **kwargs: Any) -> None:
+        self.add_pooling_type(gguf.PoolingType.MEAN)
+        super().write_header_to_file(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def embed_path(tiny_dir: Path) -> Path:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFWriter", _MeanPooled)
+        return write_tiny_llama(tiny_dir / "embed.gguf", seed=21, name="tiny-embed")
+
+
+@pytest.fixture(scope="module")
+def embedder(embed_path: Path) -> Iterator[Embedder]:
+    with Embedder.load(embed_path, ONE_THREAD) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def ladder(tiny_target: Path) -> Iterator[Pyramid]:
+    with Pyramid.from_paths(tiny_target, load=TINY_LOAD, name="tiny") as p:
+        yield p
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serving(pyramid: Pyramid, settings: ServerSettings, embedder: Embedder | None) -> Iterator[str]:
+    """``create_app`` (what ``serve`` runs) on uvicorn in a thread; its URL."""
+    port = _free_port()
+    app = create_app(pyramid, settings, embedder)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def url(ladder: Pyramid, embedder: Embedder) -> Iterator[str]:
+    with serving(ladder, ServerSettings(api_key=KEY), embedder) as live:
+        yield live
+
+
+@pytest.fixture()
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
+
+
+def post(url: str, path: str, body: Any) -> httpx.Response:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    headers = {**AUTH, "Content-Type": "application/json"}
+    return httpx.post(f"{url}{path}", content=data, headers=headers, timeout=60)
+
+
+def openai_error(r: httpx.Response, *fragments: str, code: str | None = None) -> None:
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == code, error
+    assert all(f in error["message"] for f in fragments), error
+
+
+def ollama_error(r: httpx.Response, *fragments: str) -> None:
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert set(body) == {"error"} and "Traceback" not in body["error"], body
+    assert all(f in body["error"] for f in fragments), body
+
+
+def vectors(r: Any) -> np.ndarray:
+    return np.array([d.embedding for d in r.data], dtype=np.float32)
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+def test_pooling_comes_from_the_file_or_llama_cpps_default(
+    embedder: Embedder, tiny_target: Path
+) -> None:
+    assert embedder.pooling == "mean" and embedder.n_embd == 64 and embedder.n_ctx == 512
+    with Embedder.load(tiny_target, ONE_THREAD) as plain:
+        assert plain.pooling == "none"  # no pooling_type in the header: llama.cpp's default
+        out = plain.run(["the cat", "def fib return"])
+        assert [v.shape for v in out.vectors] == [(n, 64) for n in out.n_tokens]
+        with pytest.raises(UserError, match="one vector per token"):
+            plain.embed(["the cat"])
+    with Embedder.load(tiny_target, EmbeddingConfig(pooling="last", n_threads=1)) as last:
+        assert last.pooling == "last" and last.embed(["the cat"]).shape == (1, 64)
+    with pytest.raises(UserError, match="reranker"):
+        Embedder.load(tiny_target, EmbeddingConfig(pooling="rank", n_threads=1))
+
+
+def test_batched_equals_one_at_a_time_and_vectors_are_unit_length(embedder: Embedder) -> None:
+    texts = [f"{t} {i}" for i in range(5) for t in TEXTS]  # 20: more than one decode's inputs
+    batched = embedder.embed(texts)
+    assert batched.shape == (20, 64) and batched.dtype == np.float32
+    alone = np.stack([embedder.embed([t])[0] for t in texts])
+    np.testing.assert_allclose(batched, alone, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+    assert np.array_equal(embedder.embed(texts[:1]), embedder.embed(texts[:1]))
+    distances = np.abs(batched[:, None, :] - batched[None, :, :]).max(axis=2)
+    assert distances[~np.eye(20, dtype=bool)].min() > 1e-3  # different texts differ
+
+
+def test_calls_from_many_threads_agree(embedder: Embedder) -> None:
+    want = embedder.embed(TEXTS)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: embedder.embed(TEXTS), range(8)))
+    for g in got:
+        np.testing.assert_allclose(g, want, atol=1e-5)
+
+
+def test_a_long_input_is_refused_or_truncated(embedder: Embedder) -> None:
+    long = "the " * 700
+    with pytest.raises(ContextOverflow, match="512"):
+        embedder.embed([long])
+    cut = embedder.run([long], truncate=True)
+    assert cut.n_tokens == (512,)
+    first = embedder.tokenize(long)[:512]
+    np.testing.assert_allclose(cut.vectors, embedder.embed([first]), atol=1e-5)
+
+
+def test_bad_inputs_are_user_errors(embedder: Embedder) -> None:
+    with pytest.raises(UserError, match="not in the vocabulary"):
+        embedder.embed([[1, 10**6]])
+    with pytest.raises(UserError, match="empty"):
+        embedder.embed([[]])
+
+
+# --- OpenAI's route, through the openai client ---------------------------------------------------
+
+
+def test_openai_single_batched_and_token_ids(client: openai.OpenAI, embedder: Embedder) -> None:
+    one = client.embeddings.create(model="anything", input=TEXTS[0])
+    assert one.object == "list" and one.model == "embed" and len(one.data) == 1
+    assert one.data[0].index == 0 and one.data[0].object == "embedding"
+    assert one.usage.prompt_tokens == one.usage.total_tokens == len(embedder.tokenize(TEXTS[0]))
+    many = client.embeddings.create(model="anything", input=TEXTS)
+    assert [d.index for d in many.data] == [0, 1, 2, 3]
+    assert many.usage.prompt_tokens == sum(len(embedder.tokenize(t)) for t in TEXTS)
+    np.testing.assert_allclose(vectors(many)[0], vectors(one)[0], atol=1e-5)
+    np.testing.assert_allclose(vectors(many), embedder.embed(TEXTS), atol=1e-5)
+    ids = [embedder.tokenize(t) for t in TEXTS[:2]]
+    by_ids = client.embeddings.create(model="anything", input=ids)
+    np.testing.assert_allclose(vectors(by_ids), vectors(many)[:2], atol=1e-5)
+    single_ids = client.embeddings.create(model="anything", input=ids[0])
+    assert len(single_ids.data) == 1
+    np.testing.assert_allclose(vectors(single_ids)[0], vectors(one)[0], atol=1e-5)
+
+
+def test_base64_is_the_same_vector(client: openai.OpenAI, url: str) -> None:
+    floats = post(url, "/v1/embeddings", {"input": TEXTS[1], "encoding_format": "float"}).json()
+    raw = client.embeddings.create(model="m", input=TEXTS[1], encoding_format="base64")
+    packed = raw.data[0].embedding
+    assert isinstance(packed, str)
+    decoded = np.frombuffer(base64.b64decode(packed), dtype="<f4")
+    assert np.array_equal(decoded, np.array(floats["data"][0]["embedding"], dtype=np.float32))
+
+
+def test_openai_errors(url: str, embedder: Embedder) -> None:
+    openai_error(post(url, "/v1/embeddings", b"{nope"), "JSON")
+    openai_error(
+        post(url, "/v1/embeddings", {"input": "x " * 700}), "512", code="context_length_exceeded"
+    )
+    openai_error(post(url, "/v1/embeddings", {"input": "x", "dimensions": 32}), "dimensions", "64")
+    ok = post(url, "/v1/embeddings", {"input": "x", "dimensions": 64})
+    assert ok.status_code == 200, ok.text
+    openai_error(post(url, "/v1/embeddings", {"input": "x", "encoding_format": "int8"}), "base64")
+    openai_error(post(url, "/v1/embeddings", {"input": []}), "non-empty")
+    openai_error(post(url, "/v1/embeddings", {"input": [[1, 10**6]]}), "vocabulary")
+    openai_error(post(url, "/v1/embeddings", {"model": "m"}), '"input"')
+    openai_error(post(url, "/v1/embeddings", {"input": "x", "embd_normalize": 1}), "embd_normalize")
+    assert httpx.post(f"{url}/v1/embeddings", json={"input": "x"}).status_code == 401
+
+
+def test_embd_normalize_is_honoured(url: str) -> None:
+    raw = post(url, "/v1/embeddings", {"input": TEXTS[0], "embd_normalize": -1}).json()
+    unit = post(url, "/v1/embeddings", {"input": TEXTS[0]}).json()
+    v, u = (np.array(x["data"][0]["embedding"]) for x in (raw, unit))
+    assert abs(np.linalg.norm(v) - 1) > 1e-3
+    np.testing.assert_allclose(v / np.linalg.norm(v), u, atol=1e-5)
+
+
+# --- llama-server's routes -----------------------------------------------------------------------
+
+
+def test_llama_server_routes(url: str, embedder: Embedder) -> None:
+    want = embedder.embed(TEXTS[:2])
+    for path in ("/embeddings", "/embedding"):
+        r = post(url, path, {"content": TEXTS[:2]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [b["index"] for b in body] == [0, 1]
+        got = np.array([b["embedding"][0] for b in body])
+        assert all(len(b["embedding"]) == 1 for b in body)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    mixed = post(url, "/embeddings", {"input": [*embedder.tokenize("the cat"), "is"]}).json()
+    assert len(mixed) == 1  # ids and text mixed: one prompt, as llama-server reads it
+
+
+def test_pooling_none_gives_token_vectors_and_no_openai_answer(
+    ladder: Pyramid, tiny_target: Path
+) -> None:
+    with Embedder.load(tiny_target, ONE_THREAD) as plain:
+        http = TestClient(create_app(ladder, ServerSettings(), plain))
+        body = http.post("/embeddings", json={"input": "the cat"}).json()
+        n = len(plain.tokenize("the cat"))
+        assert len(body) == 1 and np.array(body[0]["embedding"]).shape == (n, 64)
+        r = http.post("/v1/embeddings", json={"input": "the cat"})
+        assert r.status_code == 400 and "pooling 'none'" in r.json()["error"]["message"]
+        r = http.post("/api/embed", json={"input": "the cat"})
+        assert r.status_code == 400 and "pooling 'none'" in r.json()["error"]
+
+
+def test_no_embedding_model_is_a_clear_400(ladder: Pyramid) -> None:
+    http = TestClient(create_app(ladder, ServerSettings()))
+    for path in ("/v1/embeddings", "/embeddings"):
+        r = http.post(path, json={"input": "x"})
+        assert r.status_code == 400 and "--embedding-model" in r.json()["error"]["message"]
+    for path, body in (("/api/embed", {"input": "x"}), ("/api/embeddings", {"prompt": "x"})):
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and set(r.json()) == {"error"}
+        assert "--embedding-model" in r.json()["error"]
+
+
+# --- Ollama's routes, through the ollama client --------------------------------------------------
+
+
+def test_ollama_embed(url: str, embedder: Embedder) -> None:
+    c = ollama.Client(host=url, headers=AUTH, timeout=60)
+    r = c.embed("whatever", input=TEXTS[:3], keep_alive="5m", options={"num_ctx": 4096})
+    assert r.model == "whatever" and r.load_duration == 0 and (r.total_duration or 0) > 0
+    assert r.prompt_eval_count == sum(len(embedder.tokenize(t)) for t in TEXTS[:3])
+    np.testing.assert_allclose(np.array(r.embeddings), embedder.embed(TEXTS[:3]), atol=1e-5)
+    single = c.embed("whatever", input=TEXTS[0])
+    assert len(single.embeddings) == 1
+    legacy = np.array(c.embeddings("whatever", prompt=TEXTS[0]).embedding)
+    assert abs(np.linalg.norm(legacy) - 1) > 1e-3  # Ollama's legacy route does not normalise
+    np.testing.assert_allclose(legacy / np.linalg.norm(legacy), single.embeddings[0], atol=1e-5)
+    assert c.embed("whatever", input="").embeddings == []
+
+
+def test_ollama_truncates_unless_told_not_to(url: str, embedder: Embedder) -> None:
+    long = "the " * 700
+    cut = post(url, "/api/embed", {"model": "m", "input": long})
+    assert cut.status_code == 200 and cut.json()["prompt_eval_count"] == 512
+    first = embedder.embed([embedder.tokenize(long)[:512]])
+    np.testing.assert_allclose(cut.json()["embeddings"], first, atol=1e-5)
+    ollama_error(post(url, "/api/embed", {"input": long, "truncate": False}), "512")
+    ollama_error(post(url, "/api/embed", b"{nope"), "JSON")
+    ollama_error(post(url, "/api/embed", {"input": [1, 2]}), "strings")
+    ollama_error(post(url, "/api/embed", {"input": "x", "dimensions": 3}), "dimensions")
+    r = httpx.post(f"{url}/api/embed", json={"input": "x"}, headers={"Authorization": "Bearer no"})
+    assert r.status_code == 401 and set(r.json()) == {"error"}
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def test_serve_refuses_a_bad_embedding_model(tiny_target: Path, tmp_path: Path) -> None:
+    base = ["serve", "--target", str(tiny_target), "--port", "0"]
+    missing = CliRunner().invoke(main, [*base, "--embedding-model", str(tmp_path / "no.gguf")])
+    assert missing.exit_code == 1
+    assert missing.output.strip().splitlines() == [
+        f"Error: model file not found: {tmp_path / 'no.gguf'}"
+    ]
+    (tmp_path / "text.gguf").write_text("not a model")
+    bad = CliRunner().invoke(main, [*base, "--embedding-model", str(tmp_path / "text.gguf")])
+    assert bad.exit_code == 1 and bad.output.startswith("Error: not a GGUF file")
+    alone = CliRunner().invoke(main, [*base, "--pooling", "mean"])
+    assert alone.exit_code == 1 and "--embedding-model" in alone.output
+
+
+def test_the_python_api_imports_without_a_web_framework() -> None:
+    code = (
+        "import sys\n"
+        "class NoWeb:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('fastapi', 'starlette', 'uvicorn'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, NoWeb())\n"
+        "import pyramid_gguf.embeddings\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-500:]
