@@ -30,6 +30,7 @@ from .chat import CallStream, ChatTemplate, Tool, ToolCallFormat, ToolRequest, c
 from .core.errors import UserError
 from .core.ladder import LadderPaths, NGram
 from .core.load import LoadConfig
+from .core.remote import RpcConfig
 from .core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
 from .core.spec import SpecConfig
 from .core.textstream import TextStream
@@ -172,6 +173,7 @@ class Pyramid:
         vram: str | int | None = None,
         ram: str | int | None = None,
         tier_loads: Mapping[str, LoadConfig] | None = None,
+        rpc: RpcConfig | None = None,
         share_ngrams: bool = False,
         say: Callable[[str], None] | None = None,
     ) -> Pyramid:
@@ -182,7 +184,9 @@ class Pyramid:
         :func:`~pyramid_gguf.planning.plan.plan_ladder` ranks first for that budget (which
         tiers, and each one's GPU layers) among those that fit ``ram`` (a ``--ram`` value, or
         bytes; None: this machine's RAM), telling ``say`` what it chose. ``tier_loads``
-        overrides ``load`` per tier (``draft``/``qualifier``/``target``) instead.
+        overrides ``load`` per tier (``draft``/``qualifier``/``target``) instead. ``rpc``
+        puts its tiers on llama.cpp RPC servers (every layer there, spread over their devices
+        after this machine's GPUs; see :class:`~pyramid_gguf.core.remote.RpcConfig`).
         """
         spec = spec or SpecConfig()
         paths.shape.check(spec.mode)  # before planning or loading anything
@@ -195,6 +199,8 @@ class Pyramid:
             if say is not None:
                 say(describe(ranking, vram))
             paths, tier_loads = load_plan(paths, ranking, base)
+        if rpc is not None:
+            tier_loads = rpc.place(paths.model_files(), base, tier_loads)
         ladder = load_ladder(paths, base, tier_loads)
         try:
             return cls(ladder, spec, name or paths.target.stem, share_ngrams=share_ngrams)
@@ -318,7 +324,7 @@ class Pyramid:
         """The chat template prompts are rendered with: ``chat_template`` (Jinja text), else the
         target GGUF's, else the built-in ChatML (:attr:`ChatTemplate.name` says which)."""
         if chat_template is not None:
-            return ChatTemplate(chat_template, "--chat-format")
+            return ChatTemplate(chat_template, "--chat-template")
         return ChatTemplate.from_gguf(self.chat_template)
 
     def apply_chat_template(
@@ -518,7 +524,7 @@ class Pyramid:
                 return
             try:
                 ladder = slot.ladder
-                sampler = Sampler(sampling)
+                sampler = Sampler(sampling, vocab=vocab)  # DRY's breakers are found in it
                 guide = make_guide(ladder, sampling, len(tokens))
                 scheduler, prefill = make_scheduler(  # a fixed mode's tiers are checked here, once
                     ladder, spec, sampler, stats, costs=costs, pool=self.pool, guide=guide,

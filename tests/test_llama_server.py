@@ -1,8 +1,9 @@
 """llama-server's simple routes (issue 40), on the tiny ladder behind an API key: OpenAI's
 routes without ``/v1``, ``/tokenize``, ``/detokenize``, ``/apply-template`` and ``/props`` in
 the shapes of llama.cpp's own server (its ``tools/server/tests/unit`` tests ask these), bad
-input answered in OpenAI's error shape, and the key taken as ``Authorization: Bearer`` or
-``X-Api-Key`` on every route but ``/health`` and ``/metrics``."""
+input answered in llama-server's error shape there (OpenAI's under ``/v1``), and the key taken
+as ``Authorization: Bearer`` or ``X-Api-Key`` on every route but ``/health`` and
+``/metrics``."""
 
 from __future__ import annotations
 
@@ -41,11 +42,14 @@ def post(live: Live, path: str, body: Any, headers: dict[str, str] = AUTH) -> ht
 
 
 def bad(r: httpx.Response, *fragments: str) -> None:
-    """A 400 in OpenAI's error shape saying every fragment on one line."""
+    """A 400 in OpenAI's error shape (llama-server's off ``/v1``: the status as ``code``)
+    saying every fragment on one line."""
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and "\n" not in error["message"]
     assert all(f in error["message"] for f in fragments), error
+    llama = not r.request.url.path.startswith("/v1/")
+    assert (error["code"] == 400) if llama else (error.get("code") != 400), error
 
 
 def test_openai_routes_answer_without_the_v1_prefix(live: Live) -> None:
@@ -54,17 +58,20 @@ def test_openai_routes_answer_without_the_v1_prefix(live: Live) -> None:
     assert models.json() == httpx.get(f"{live.v1}/models", headers=AUTH).json()
     assert models.json()["data"][0]["id"] == "tiny"
     greedy = {"max_tokens": 6, "temperature": 0}
-    for path, body in (
-        ("/completions", {"prompt": "the model", **greedy}),
-        ("/chat/completions", {"messages": MESSAGES, **greedy}),
-    ):
-        short, v1 = post(live, path, body), post(live, f"/v1{path}", body)
-        assert short.status_code == v1.status_code == 200, short.text
-        choice, same = short.json()["choices"][0], v1.json()["choices"][0]
-        assert choice == same and short.json()["object"] == v1.json()["object"]
+    body = {"messages": MESSAGES, **greedy}
+    short, v1 = post(live, "/chat/completions", body), post(live, "/v1/chat/completions", body)
+    assert short.status_code == v1.status_code == 200, short.text
+    choice, same = short.json()["choices"][0], v1.json()["choices"][0]
+    assert choice == same and short.json()["object"] == v1.json()["object"]
+    assert short.json()["system_fingerprint"].startswith("b")  # llama-server's tests ask it
+    # llama-server's /completions is its native /completion, not OpenAI's
+    native = post(live, "/completions", {"prompt": "the model", "n_predict": 6, "temperature": 0})
+    assert native.status_code == 200 and "choices" not in native.json()
+    openai = post(live, "/v1/completions", {"prompt": "the model", **greedy}).json()
+    assert native.json()["content"] == openai["choices"][0]["text"]
     streamed = post(live, "/chat/completions", {"messages": MESSAGES, "stream": True, **greedy})
     assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
-    bad(post(live, "/chat/completions", {"messages": MESSAGES, "logit_bias": {"1": 5}}))
+    bad(post(live, "/chat/completions", {"messages": []}), "messages")
 
 
 def test_tokenize_and_detokenize_as_llama_server(live: Live) -> None:
@@ -157,7 +164,12 @@ def test_props_as_llama_server(live: Live) -> None:
 def test_every_route_but_health_needs_the_key_in_either_header(live: Live) -> None:
     for path in ("/props", "/models", "/v1/models"):
         r = httpx.get(f"{live.url}{path}")
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+        assert r.status_code == 401, path
+        error = r.json()["error"]
+        if path.startswith("/v1/"):  # OpenAI's shape
+            assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+        else:  # llama-server's
+            assert error["code"] == 401 and error["type"] == "authentication_error", error
         assert httpx.get(f"{live.url}{path}", headers={"X-Api-Key": KEY}).status_code == 200
         assert httpx.get(f"{live.url}{path}", headers={"X-Api-Key": "no"}).status_code == 401
     for path in ("/tokenize", "/detokenize", "/apply-template", "/chat/completions"):
@@ -166,18 +178,36 @@ def test_every_route_but_health_needs_the_key_in_either_header(live: Live) -> No
     assert httpx.get(f"{live.url}/metrics").status_code == 200
 
 
-def test_a_prompt_over_the_context_is_openais_context_length_exceeded(live: Live) -> None:
+def test_a_prompt_over_the_context_is_refused_in_each_dialects_shape(live: Live) -> None:
+    """OpenAI's ``context_length_exceeded`` under ``/v1``; llama-server's
+    ``exceed_context_size_error`` with both counts on its routes, streamed or not."""
     long = "the cat " * 400  # over the tiny context of 512 tokens
+    n_prompt = len(live.pyramid.tokenize(long))
+    chat = [{"role": "user", "content": long}]
     for path, body in (
         ("/v1/completions", {"prompt": long}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]}),
-        ("/completions", {"prompt": long, "stream": True}),
+        ("/v1/chat/completions", {"messages": chat}),
+        ("/v1/completions", {"prompt": long, "stream": True}),
     ):
         r = post(live, path, {**body, "max_tokens": 4})
-        bad(r, "does not fit the context")
+        bad(r, "exceeds the available context size", str(TINY_LOAD.n_ctx))
         assert r.json()["error"]["code"] == "context_length_exceeded", path
-    other = post(live, "/v1/completions", {"prompt": "a", "logit_bias": {"1": 5}})
-    bad(other, "logit_bias")
+    for path, body in (
+        ("/completion", {"prompt": long}),
+        ("/completions", {"prompt": long, "stream": True}),
+        ("/chat/completions", {"messages": chat}),
+        ("/chat/completions", {"messages": chat, "stream": True}),
+    ):
+        r = post(live, path, {**body, "n_predict": 4})
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert error["type"] == "exceed_context_size_error" and error["code"] == 400, error
+        assert error["n_ctx"] == TINY_LOAD.n_ctx and error["n_prompt_tokens"] >= n_prompt
+        assert "exceeds the available context size" in error["message"]
+    exact = post(live, "/completion", {"prompt": live.pyramid.tokenize(long)})
+    assert exact.json()["error"]["n_prompt_tokens"] == n_prompt
+    other = post(live, "/v1/completions", {"prompt": "a", "echo": True})
+    bad(other, "echo")
     assert other.json()["error"]["code"] is None  # other 400s keep no code
 
 
@@ -268,7 +298,7 @@ def test_completion_answers_in_llama_servers_fields(live: Live) -> None:
     assert settings["stream"] is False and settings["n_probs"] == 0
     assert complete(live, n_predict=5)["tokens"] == []  # only with return_tokens
     # the same answer as OpenAI's /completions, and from the prompt's token ids
-    openai = post(live, "/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0})
+    openai = post(live, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0})
     assert openai.json()["choices"][0]["text"] == out["content"]
     ids = complete(live, prompt=live.pyramid.tokenize(PROMPT), n_predict=5)
     assert ids["content"] == out["content"] and ids["tokens_evaluated"] == n_prompt
@@ -344,7 +374,7 @@ def test_completion_reuses_the_cache_whatever_cache_prompt_says(live: Live) -> N
     assert again["timings"]["prompt_n"] + again["timings"]["cache_n"] == n_prompt
 
 
-def test_completion_refuses_bad_input_in_openais_shape(live: Live) -> None:
+def test_completion_refuses_bad_input_in_llama_servers_shape(live: Live) -> None:
     n_vocab = live.pyramid.ladder.target.n_vocab
     for body, fragments in (
         ({"n_predict": 0}, ("n_predict",)),
@@ -355,13 +385,13 @@ def test_completion_refuses_bad_input_in_openais_shape(live: Live) -> None:
         ({"prompt": 5}, ("prompt",)),
         ({"prompt": None}, ("prompt",)),
         ({"prompt": []}, ("prompt",)),
-        ({"n_probs": 5}, ("n_probs",)),
+        ({"n_probs": 21}, ("n_probs",)),
         ({"temperature": -1}, ("temperature",)),
         ({"top_p": 2}, ("top_p",)),
         ({"grammar": YES_NO, "json_schema": SMALL}, ("grammar", "json_schema")),
         ({"grammar": 'root ::= ( "a"'}, ("grammar",)),
         ({"json_schema": {"not": {}}}, ("json_schema",)),
-        ({"dry_multiplier": 0.5}, ("dry_multiplier",)),
+        ({"dry_multiplier": 0.5, "dry_base": 0.5}, ("dry-base",)),
         ({"stream": True, "n_predict": 0}, ("n_predict",)),
     ):
         r = post(live, "/completion", {"prompt": PROMPT, **body})
@@ -372,7 +402,7 @@ def test_completion_refuses_bad_input_in_openais_shape(live: Live) -> None:
         r = httpx.post(f"{live.url}/completion", content=raw, headers=AUTH)
         bad(r)
     long = post(live, "/completion", {"prompt": "the cat " * 400, "n_predict": 4})
-    bad(long, "does not fit the context")
+    assert long.json()["error"]["type"] == "exceed_context_size_error"
     assert post(live, "/completion", {"prompt": PROMPT}, {}).status_code == 401
 
 
@@ -443,3 +473,133 @@ def test_openai_usage_reports_cached_prompt_tokens(live: Live) -> None:
     last = json.loads(events[-2])  # before [DONE]
     details = last["usage"]["prompt_tokens_details"]
     assert details["cached_tokens"] == last["timings"]["cache_n"]
+
+
+# --- llama-server's own checks and fields -------------------------------------------------------
+
+
+def test_two_assistant_messages_at_the_end_are_refused_as_llama_server(live: Live) -> None:
+    """llama-server continues a last assistant message and cannot continue two: a 400 on its
+    route; OpenAI's route renders them as they are."""
+    turns = [
+        *MESSAGES,
+        {"role": "assistant", "content": "a"},
+        {"role": "assistant", "content": "b"},
+    ]
+    body = {"messages": turns, "max_tokens": 2}
+    r = post(live, "/chat/completions", body)
+    assert r.status_code == 400 and "2 or more assistant messages" in r.json()["error"]["message"]
+    assert post(live, "/v1/chat/completions", body).status_code == 200
+    one = [*MESSAGES, {"role": "assistant", "content": "a"}, *MESSAGES]
+    assert post(live, "/chat/completions", {**body, "messages": one}).status_code == 200
+
+
+def test_input_tokens_counts_the_chat_prompt(live: Live) -> None:
+    turns = [{"role": "system", "content": "Be brief."}, *MESSAGES]
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        r = post(live, path, {"messages": turns})
+        assert r.status_code == 200, r.text
+        used = post(live, "/v1/chat/completions", {"messages": turns, "max_tokens": 1}).json()
+        assert r.json() == {"input_tokens": used["usage"]["prompt_tokens"]}
+    assert post(live, "/chat/completions/input_tokens", {"messages": []}).status_code == 400
+
+
+def test_ignore_eos_reports_the_end_tokens_as_banned(live: Live) -> None:
+    """llama-server shows ``ignore_eos`` as a -inf (null) logit bias on each end token."""
+    banned = complete(live, n_predict=2, ignore_eos=True)["generation_settings"]["logit_bias"]
+    vocab = live.pyramid.ladder.target.vocab
+    assert banned and all(b["bias"] is None and vocab.is_eog(b["token"]) for b in banned)
+    assert vocab.eos in {b["token"] for b in banned}
+    assert complete(live, n_predict=2)["generation_settings"]["logit_bias"] == []
+
+
+def test_an_answer_that_fills_the_context_is_truncated(live: Live) -> None:
+    out = complete(live, n_predict=TINY_LOAD.n_ctx, ignore_eos=True)  # more than is left
+    assert out["stop_type"] == "limit" and out["truncated"] is True
+    assert out["tokens_evaluated"] + out["tokens_predicted"] == TINY_LOAD.n_ctx
+    assert complete(live, n_predict=3, ignore_eos=True)["truncated"] is False
+
+
+def test_serve_takes_llama_servers_default_sampling_flags() -> None:
+    from pyramid_gguf.cli.serve import default_sampling
+
+    given = {"temperature": 0.1, "seed": 7, "n_predict": 12, "n_ctx": 300}
+    assert default_sampling(given) == SamplingConfig(temperature=0.1, seed=7, max_tokens=12)
+    to_the_end = default_sampling({**given, "n_predict": -1})
+    assert to_the_end.max_tokens == 300  # -1: until the context is full
+    assert default_sampling({k: None for k in given}) == SamplingConfig()
+
+
+def _shim() -> Any:
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "scripts" / "llama_server_suite" / "shim.py"
+    spec = importlib.util.spec_from_file_location("llama_server_shim", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_suites_shim_maps_llama_servers_flags_or_refuses_them(tmp_path: Path) -> None:
+    shim = _shim()
+    model = str(tmp_path / "m.gguf")
+    args = shim.translate(
+        ["--model", model, "--ctx-size", "512", "--parallel", "2", "--temp", "0.8", "--no-jinja",
+         "--n-predict", "64", "--alias", "tiny", "-fa", "on", "--metrics"]
+    )  # fmt: skip
+    pairs = dict(zip(args[::2], args[1::2], strict=False))
+    assert args[:2] == ["--target", model] and pairs["--parallel"] == "2"
+    assert "--ctx-size" in args and args[args.index("--ctx-size") + 1] == "256"  # per slot
+    assert args[args.index("--temp") + 1] == "0.8" and "--flash-attn" in args
+    assert "--no-jinja" not in args and "--metrics" not in args
+    for refused in (["--context-shift"], ["--lora", "x"], ["--alias", "a,b"], ["--embedding"]):
+        with pytest.raises(shim.Refused):
+            shim.translate(["--model", model, *refused])
+    with pytest.raises(shim.Refused, match="no local stand-in"):
+        shim.translate(["--hf-repo", "someone/unknown-model"])
+
+
+def test_completion_takes_llama_servers_prompt_forms(live: Live) -> None:
+    """Several prompts answer as a list, in order; text, ids, both mixed and a
+    ``prompt_string`` object are the same prompt."""
+    ids = live.pyramid.tokenize(PROMPT)
+    one = complete(live, n_predict=4)
+    many = post(live, "/completion", {"prompt": [ids, PROMPT, {"prompt_string": PROMPT}],
+                                      "n_predict": 4, "temperature": 0})  # fmt: skip
+    assert many.status_code == 200, many.text
+    answers = many.json()
+    assert [a["index"] for a in answers] == [0, 1, 2]
+    assert all(a["content"] == one["content"] for a in answers)
+    half = len(PROMPT) // 2
+    mixed = complete(live, prompt=[*ids[:1], PROMPT[:half], PROMPT[half:]], n_predict=2)
+    assert mixed["tokens_evaluated"] > len(ids) // 2  # the texts and the id, one prompt
+    for prompt, says in (
+        ({"prompt_string": PROMPT, "multimodal_data": ["AA=="]}, "multimodal_data"),
+        ({"text": PROMPT}, "prompt_string"),
+        ([[1.5]], "prompt"),
+    ):
+        bad(post(live, "/completion", {"prompt": prompt}), says)
+    streamed = post(live, "/completion", {"prompt": [PROMPT, PROMPT], "stream": True})
+    bad(streamed, "several prompts")
+
+
+def test_the_role_chunk_has_a_null_content_as_llama_servers(live: Live) -> None:
+    body = {"messages": MESSAGES, "stream": True, "max_tokens": 2}
+    for path, content in (("/chat/completions", None), ("/v1/chat/completions", "")):
+        r = post(live, path, body)
+        first = json.loads(r.text.split("\n\n")[0].removeprefix("data: "))
+        assert first["choices"][0]["delta"] == {"role": "assistant", "content": content}, path
+
+
+def test_native_timings_are_numbers_and_the_speculation_stands_beside(live: Live) -> None:
+    """llama-server's clients read every ``timings`` value as a number; our mode and stages
+    come under ``speculative``."""
+    for out in (complete(live, n_predict=4), chunks(live, n_predict=4)[-1]):
+        timings = out["timings"]
+        assert all(isinstance(v, int | float) and v >= 0 for v in timings.values()), timings
+        assert timings["predicted_n"] == 4
+        assert timings["predicted_per_token_ms"] == pytest.approx(
+            timings["predicted_ms"] / 4, abs=1e-3
+        )
+        assert out["speculative"]["mode"] == "sd" and out["speculative"]["stages"]

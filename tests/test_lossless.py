@@ -22,7 +22,7 @@ from lossless import TINY_TIE, assert_same_or_near_tie, generate, shaped_costs
 from test_acceptance import chi_square_pvalue
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.runtime.sampling import warp
+from pyramid_gguf.decoding.runtime.sampling import Sampler, warp
 from pyramid_gguf.decoding.runtime.tiers import ModelTier
 
 HOT = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4, ignore_eos=True)
@@ -141,3 +141,84 @@ def test_auto_uses_ngram_where_text_repeats(pyramid: Pyramid) -> None:
     assert stats.auto is not None and "ngram" in stats.auto.choices
     ngram = next(s for s in stats.stages if s.name == "ngram->target")
     assert ngram.draft_n_accepted > 20 and ngram.acceptance_rate > 0.5
+
+
+# --- llama.cpp's other samplers: every tier warps the same way, each position after its prefix
+
+
+def chain_joint(tier: ModelTier, prompt: list[int], sampling: SamplingConfig) -> np.ndarray:
+    """``p(t1, t2)`` of ``tier`` under ``sampling``'s whole chain, each position warped after
+    its own prefix (the penalties read it), flattened ``[V * V]``."""
+    s = Sampler(sampling)
+
+    def dist(prefix: list[int]) -> np.ndarray:
+        return s.warp(s.prepare(prefix, tier.score(prefix, [])[0]))
+
+    p1 = dist(prompt)
+    out = np.zeros((len(p1), len(p1)))
+    for t1 in np.flatnonzero(p1 > 1e-7):
+        out[t1] = p1[t1] * dist([*prompt, int(t1)])
+    tier.model.reset()
+    return (out / out.sum()).ravel()
+
+
+def _chains(pyramid: Pyramid, prompt: list[int]) -> dict[str, SamplingConfig]:
+    """Penalties with a logit bias that bans the target's favourite, and XTC with typical."""
+    top = int(np.argmax(pyramid.ladder.target.score(prompt, [])[0]))
+    pyramid.ladder.target.model.reset()
+    return {
+        "penalties+bias": HOT.with_(
+            repeat_penalty=1.3,
+            presence_penalty=1.5,
+            frequency_penalty=0.5,
+            repeat_last_n=-1,
+            logit_bias=((top, -np.inf), (top + 1, 2.0)),
+        ),
+        "xtc+typical": HOT.with_(xtc_probability=0.5, xtc_threshold=0.05, typical_p=0.9),
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "chain"),
+    [
+        (SpecConfig(mode="sd", l_d=3), "penalties+bias"),
+        (SpecConfig(mode="psd-exact", l_d=2, l_q=3), "xtc+typical"),
+    ],
+    ids=["sd-penalties-bias", "psd-exact-xtc-typical"],
+)
+def test_llama_samplers_stay_lossless(pyramid: Pyramid, spec: SpecConfig, chain: str) -> None:
+    prompt = pyramid.tokenize("the tree the model of the tree")
+    sampling = _chains(pyramid, prompt)[chain]
+    seen: set[str] = set()
+
+    def run(seed: int) -> list[int]:
+        tokens, stats = generate(pyramid, prompt, spec, sampling.with_(seed=seed))
+        seen.update(s.name for s in stats.stages if s.verifications)
+        return tokens
+
+    sampled = pairs(run, pyramid.ladder.target.n_vocab)
+    assert seen, "no speculative round ran: the test would prove nothing"
+    want = chain_joint(pyramid.ladder.target, prompt, sampling)
+    assert chi_square_pvalue(sampled, want) > 0.001
+    # Power: the target without the chain (plain HOT) is rejected on the same samples.
+    assert chi_square_pvalue(sampled, joint(pyramid.ladder.target, prompt)) < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["sd", "psd-exact"])
+def test_greedy_under_penalties_and_bias_is_target_decoding(
+    tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path, mode: str
+) -> None:
+    load = replace(TINY_LOAD, strict_identity=True)
+    with Pyramid.from_paths(
+        tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=load
+    ) as p:
+        for text in ("the model of the tree", "a"):
+            prompt = p.tokenize(text)
+            plain = p.generate(prompt, GREEDY, SpecConfig(mode="target")).token_ids
+            sampling = GREEDY.with_(
+                repeat_penalty=1.5, presence_penalty=0.5, logit_bias=((plain[0], -np.inf),)
+            )
+            want = p.generate(prompt, sampling, SpecConfig(mode="target")).token_ids
+            assert want != plain and plain[0] not in want[:1]
+            got = p.generate(prompt, sampling, SpecConfig(mode=mode, l_d=4, l_q=8))  # type: ignore[arg-type]
+            assert got.token_ids == want

@@ -20,7 +20,8 @@ from test_server import live_server
 from test_structured import KEYED
 from test_tools import QWEN_TEMPLATE, TINY_CHAT_LOAD, TINY_MESSAGES, TINY_TOOLS
 
-from pyramid_gguf import Pyramid, SpecConfig
+from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf.serving.ollama import sampling_of
 from pyramid_gguf.serving.settings import ServerSettings
 
 KEY = "sk-ollama"
@@ -204,8 +205,16 @@ def test_empty_prompt_loads(client: ollama.Client) -> None:
          ("option temperature must be >= 0, got -1",)),
         ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"num_predict": 0}},
          ("option num_predict must be at least 1",)),
-        ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"repeat_penalty": 1.3}},
-         ("repeat_penalty", "not supported")),
+        ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"repeat_penalty": 0}},
+         ("option repeat_penalty must be > 0",)),
+        ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"typical_p": 0}},
+         ("option typical_p must be > 0",)),
+        ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"repeat_last_n": -5}},
+         ("option repeat_last_n must be >= -1",)),
+        ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"repeat_last_n": 1.5}},
+         ("repeat_last_n",)),
+        ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"tfs_z": 0.5}},
+         ("tfs_z", "not supported")),
         ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"mirostat": 2}},
          ("mirostat",)),
         ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"stop": 3}}, ("stop",)),
@@ -236,10 +245,41 @@ def test_bad_input_is_an_ollama_400(url: str, path: str, body: Any, fragments: A
 
 def test_the_client_raises_ollama_errors(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as e:
-        client.generate("tiny", "x", options={"presence_penalty": 0.5})
-    assert e.value.status_code == 400 and "presence_penalty" in e.value.error
-    neutral = {"repeat_penalty": 1.0, "presence_penalty": 0, "num_ctx": 4096, "whatever": 1}
+        client.generate("tiny", "x", options={"mirostat": 2})
+    assert e.value.status_code == 400 and "mirostat" in e.value.error
+    neutral = {"mirostat": 0, "tfs_z": 1.0, "num_ctx": 4096, "whatever": 1}
     assert client.generate("tiny", "x", options={**neutral, "num_predict": 2}).done
+
+
+def test_sampler_options_map_onto_the_sampling_config() -> None:
+    options = {
+        "repeat_penalty": 1.3,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.25,
+        "repeat_last_n": -1,
+        "typical_p": 0.9,
+        "top_k": 7,
+        "top_p": 0.8,
+        "min_p": 0.1,
+    }
+    got = sampling_of(options, SamplingConfig(), num_ctx=4096)
+    for name, value in options.items():
+        assert getattr(got, name) == value, name
+
+
+def test_penalties_change_a_repetitive_answer(client: ollama.Client) -> None:
+    """Greedy on the tiny model loops; the penalties (over the whole context) break the loop,
+    and a seeded answer under them is reproducible."""
+    prompt = "the model the model the model the model"
+    greedy = {"temperature": 0, "num_predict": 40}
+    plain = client.generate("tiny", prompt, raw=True, options=greedy).response
+    penalised = {**greedy, "repeat_penalty": 1.8, "presence_penalty": 2.0, "repeat_last_n": -1}
+    once = client.generate("tiny", prompt, raw=True, options=penalised).response
+    assert once != plain
+    again = client.generate("tiny", prompt, raw=True, options=penalised).response
+    assert again == once
+    words = (once or "").split()
+    assert len(set(words)) > len(set((plain or "").split()))
 
 
 @pytest.mark.parametrize("action", ["pull", "create", "push", "copy"])
@@ -252,7 +292,8 @@ def test_model_management_is_a_clear_error(url: str, action: str) -> None:
 def test_delete_and_embed_are_clear_errors(url: str) -> None:
     r = httpx.request("DELETE", f"{url}/api/delete", json={"model": "x"}, headers=AUTH)
     ollama_error(r, 501, "does not manage models")
-    ollama_error(post(url, "/api/embed", {"model": "x", "input": "y"}), 501, "embeddings")
+    # no --embedding-model: how to load one (tests/test_embeddings.py serves one)
+    ollama_error(post(url, "/api/embed", {"model": "x", "input": "y"}), 400, "--embedding-model")
 
 
 def test_the_api_key_is_checked(url: str) -> None:

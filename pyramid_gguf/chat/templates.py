@@ -1,5 +1,6 @@
-"""Chat templates: a GGUF's Jinja ``tokenizer.chat_template``, or a built-in ChatML, rendered
-the way Hugging Face transformers renders them, tools included.
+"""Chat templates: a GGUF's Jinja ``tokenizer.chat_template``, a built-in ChatML, or one of
+llama.cpp's named templates (:mod:`.named`), rendered the way Hugging Face transformers renders
+them, tools included.
 
 The environment is transformers': a sandboxed, immutable jinja2 environment with
 ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}``
@@ -23,6 +24,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..core.errors import UserError
+from .named import named_template
 from .toolcalls import ToolCallFormat, detect_tool_format
 from .tools import Tool
 
@@ -81,6 +83,12 @@ class ChatTemplate:
     def from_gguf(cls, source: str | None) -> ChatTemplate:
         """A GGUF's ``tokenizer.chat_template``, or the built-in ChatML when it has none."""
         return cls(source, "gguf") if source else cls(BUILTIN_CHATML, "builtin chatml")
+
+    @classmethod
+    def named(cls, name: str) -> ChatTemplate:
+        """llama.cpp's named template ``name`` (:mod:`.named`; a one-line UserError listing the
+        known names for any other)."""
+        return cls(named_template(name), f"llama.cpp {name}")
 
     @property
     def tool_format(self) -> ToolCallFormat | None:

@@ -8,6 +8,7 @@ The speculative flags are generated from :data:`~pyramid_gguf.core.spec.SPEC_KNO
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,11 @@ from ..core.errors import UserError
 from ..core.grammar import Grammar
 from ..core.ladder import TIERS, LadderPaths
 from ..core.load import KV_TYPES, LoadConfig, default_threads
-from ..core.sampling import SamplingConfig
+from ..core.remote import RpcConfig
+from ..core.sampling import SamplingConfig, parse_samplers
 from ..core.spec import SPEC_KNOBS, SpecConfig
 from ..grammar import check_grammar
+from ..serving.settings import resolve_chat_format
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -190,9 +193,35 @@ def ladder_options(f: F) -> F:
                 "free memory per nvidia-smi): plans --n-gpu-layers per tier.",
             ),
             ram_option,
+            *rpc_options,
         ],
         f,
     )
+
+
+#: llama.cpp's ``--rpc`` and where the tiers go on it (``core/remote.py``).
+rpc_options = [
+    click.option(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        default=None,
+        help="llama.cpp RPC servers (pyramid-gguf rpc-server, or llama.cpp's rpc-server) to run "
+        "tiers on; no authentication or encryption: a trusted network only.",
+    ),
+    click.option(
+        "--rpc-tiers",
+        metavar="TIERS",
+        default=None,
+        help="Tiers on the --rpc servers, comma-separated [default: target].",
+    ),
+    click.option(
+        "--rpc-output/--no-rpc-output",
+        "rpc_output",
+        default=False,
+        help="Put the remote tiers' output layer there too (logits cross the link instead of "
+        "hidden states) [default: kept here].",
+    ),
+]
 
 
 def sampling_options(f: F) -> F:
@@ -224,6 +253,131 @@ def sampling_options(f: F) -> F:
             ),
             click.option(
                 "--min-p", type=float, default=SAMPLING.min_p, show_default=True, help="0 disables."
+            ),
+            click.option(
+                "--typical",
+                "typical_p",
+                type=float,
+                default=SAMPLING.typical_p,
+                show_default=True,
+                help="Locally typical sampling; 1 disables.",
+            ),
+            click.option(
+                "--top-nsigma",
+                "top_n_sigma",
+                type=float,
+                default=SAMPLING.top_n_sigma,
+                show_default=True,
+                help="Keep logits within N standard deviations of the top; <= 0 disables.",
+            ),
+            click.option(
+                "--xtc-probability",
+                type=float,
+                default=SAMPLING.xtc_probability,
+                show_default=True,
+                help="XTC: chance of removing the top choices; 0 disables.",
+            ),
+            click.option(
+                "--xtc-threshold",
+                type=float,
+                default=SAMPLING.xtc_threshold,
+                show_default=True,
+                help="XTC: choices above this probability may be removed; > 0.5 disables.",
+            ),
+            click.option(
+                "--dynatemp-range",
+                type=float,
+                default=SAMPLING.dynatemp_range,
+                show_default=True,
+                help="Dynamic temperature in [temp - range, temp + range]; 0 disables.",
+            ),
+            click.option(
+                "--dynatemp-exp",
+                "dynatemp_exponent",
+                type=float,
+                default=SAMPLING.dynatemp_exponent,
+                show_default=True,
+                help="Dynamic temperature exponent.",
+            ),
+            click.option(
+                "--repeat-penalty",
+                type=float,
+                default=SAMPLING.repeat_penalty,
+                show_default=True,
+                help="Penalise repeated tokens; 1 disables.",
+            ),
+            click.option(
+                "--repeat-last-n",
+                type=int,
+                default=SAMPLING.repeat_last_n,
+                show_default=True,
+                help="Tokens the penalties read (prompt included); -1: all, 0 disables.",
+            ),
+            click.option(
+                "--presence-penalty",
+                type=float,
+                default=SAMPLING.presence_penalty,
+                show_default=True,
+                help="0 disables.",
+            ),
+            click.option(
+                "--frequency-penalty",
+                type=float,
+                default=SAMPLING.frequency_penalty,
+                show_default=True,
+                help="0 disables.",
+            ),
+            click.option(
+                "--dry-multiplier",
+                type=float,
+                default=SAMPLING.dry_multiplier,
+                show_default=True,
+                help="DRY: lower tokens that extend a repetition by multiplier * base ** "
+                "(length - allowed length); 0 disables.",
+            ),
+            click.option(
+                "--dry-base",
+                type=float,
+                default=SAMPLING.dry_base,
+                show_default=True,
+                help="DRY's base (>= 1).",
+            ),
+            click.option(
+                "--dry-allowed-length",
+                type=int,
+                default=SAMPLING.dry_allowed_length,
+                show_default=True,
+                help="Repetitions DRY leaves alone, in tokens.",
+            ),
+            click.option(
+                "--dry-penalty-last-n",
+                type=int,
+                default=SAMPLING.dry_penalty_last_n,
+                show_default=True,
+                help="Tokens DRY reads (prompt included); -1: all, 0 disables.",
+            ),
+            click.option(
+                "--dry-sequence-breaker",
+                "dry_sequence_breakers",
+                metavar="TEXT",
+                multiple=True,
+                help="A text DRY does not follow a repetition across, replacing the defaults "
+                "('\\n', ':', '\"', '*'); 'none': no breakers (repeatable).",
+            ),
+            click.option(
+                "--samplers",
+                metavar="NAMES",
+                default=None,
+                help="Sampler order, ';'-separated llama.cpp names "
+                f"[default: {';'.join(SAMPLING.samplers)}].",
+            ),
+            click.option(
+                "--logit-bias",
+                "-l",
+                "logit_bias",
+                metavar="TOKEN_ID(+/-)BIAS",
+                multiple=True,
+                help="Add BIAS to a token's logit, as 15043+1 or 15043-inf (repeatable).",
             ),
             click.option("--seed", "-s", type=int, default=None, help="Random seed."),
             click.option("--stop", multiple=True, help="Stop string (repeatable)."),
@@ -293,6 +447,23 @@ def _file_or_text(value: str, flag: str) -> str:
     raise UserError(f"{flag}: {value} is neither a file nor an inline grammar or schema")
 
 
+#: ``--chat-template``: llama.cpp's named templates, a Jinja file or Jinja text.
+chat_template_option = click.option(
+    "--chat-template",
+    "chat_template",
+    metavar="NAME|FILE|TEXT",
+    default=None,
+    help="Chat template: a llama.cpp name (chatml, llama3, gemma, mistral-v7, ...), a Jinja "
+    "file or Jinja text [default: the target GGUF's].",
+)
+
+
+def chat_template_from(value: str | None) -> str | None:
+    """The Jinja source ``--chat-template`` names: one of llama.cpp's named templates, a file,
+    or template text; anything else a one-line UserError listing the names."""
+    return resolve_chat_format(value, "--chat-template")
+
+
 def _knob_option(name: str) -> Callable[[F], F]:
     knob = next(k for k in SPEC_KNOBS if k.name == name)
     kind: Any = click.Choice(knob.choices) if knob.choices else knob.type
@@ -315,6 +486,8 @@ class LadderArgs:
     vram: str | None = None
     #: System RAM the ``--vram`` plan must fit (``auto``: this machine's).
     ram: str = "auto"
+    #: Tiers on llama.cpp RPC servers (``--rpc``).
+    rpc: RpcConfig | None = None
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> LadderArgs:
@@ -334,6 +507,9 @@ class LadderArgs:
             load_config_from(params),
             params.get("vram"),
             params.get("ram") or "auto",
+            RpcConfig.from_flags(
+                params.get("rpc"), params.get("rpc_tiers"), bool(params.get("rpc_output"))
+            ),
         )
 
 
@@ -362,12 +538,58 @@ def sampling_config_from(params: dict[str, Any]) -> SamplingConfig:
         top_k=params["top_k"],
         top_p=params["top_p"],
         min_p=params["min_p"],
+        typical_p=params.get("typical_p", SAMPLING.typical_p),
+        top_n_sigma=params.get("top_n_sigma", SAMPLING.top_n_sigma),
+        xtc_probability=params.get("xtc_probability", SAMPLING.xtc_probability),
+        xtc_threshold=params.get("xtc_threshold", SAMPLING.xtc_threshold),
+        dynatemp_range=params.get("dynatemp_range", SAMPLING.dynatemp_range),
+        dynatemp_exponent=params.get("dynatemp_exponent", SAMPLING.dynatemp_exponent),
+        repeat_penalty=params.get("repeat_penalty", SAMPLING.repeat_penalty),
+        repeat_last_n=params.get("repeat_last_n", SAMPLING.repeat_last_n),
+        presence_penalty=params.get("presence_penalty", SAMPLING.presence_penalty),
+        frequency_penalty=params.get("frequency_penalty", SAMPLING.frequency_penalty),
+        dry_multiplier=params.get("dry_multiplier", SAMPLING.dry_multiplier),
+        dry_base=params.get("dry_base", SAMPLING.dry_base),
+        dry_allowed_length=params.get("dry_allowed_length", SAMPLING.dry_allowed_length),
+        dry_penalty_last_n=params.get("dry_penalty_last_n", SAMPLING.dry_penalty_last_n),
+        dry_sequence_breakers=_dry_breakers(params.get("dry_sequence_breakers", ())),
+        logit_bias=tuple(_logit_bias(v) for v in params.get("logit_bias", ())),
+        samplers=parse_samplers(params["samplers"])
+        if params.get("samplers")
+        else SAMPLING.samplers,
         seed=params["seed"],
         max_tokens=params["max_tokens"],
         stop=tuple(params.get("stop", ())),
         ignore_eos=params["ignore_eos"],
         grammar=grammar_from(params),
     )
+
+
+def _dry_breakers(values: tuple[str, ...]) -> tuple[str, ...]:
+    """llama.cpp's ``--dry-sequence-breaker``: given ones replace the defaults, ``none`` clears
+    them, and escapes (``\\n``) are read as llama.cpp reads them."""
+    if not values:
+        return SAMPLING.dry_sequence_breakers
+    return tuple(_ESCAPE.sub(lambda m: _ESCAPES[m.group(1)], v) for v in values if v != "none")
+
+
+_ESCAPE = re.compile(r"\\([ntr'\"\\])")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "'": "'", '"': '"', "\\": "\\"}
+
+
+_LOGIT_BIAS = re.compile(r"\s*(\d+)\s*([+-])\s*(\S+)\s*")
+
+
+def _logit_bias(value: str) -> tuple[int, float]:
+    """llama.cpp's ``--logit-bias TOKEN_ID(+/-)BIAS``: ``15043+1``, ``15043-1``, ``15043-inf``."""
+    found = _LOGIT_BIAS.fullmatch(value)
+    try:
+        if found is None:
+            raise ValueError(value)
+        bias = float(found.group(3))
+    except ValueError:
+        raise UserError(f"--logit-bias: {value!r} is not TOKEN_ID(+/-)BIAS, e.g. 15043+1") from None
+    return int(found.group(1)), -bias if found.group(2) == "-" else bias
 
 
 def spec_config_from(params: dict[str, Any], base: SpecConfig) -> SpecConfig:

@@ -26,9 +26,12 @@ from ..core.errors import UserError
 from ..core.sampling import SamplingConfig
 from ..core.spec import SpecConfig
 from ..core.textstream import encode_utf8
+from ..native.rpc import abort_hook
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,
+    chat_template_from,
+    chat_template_option,
     command,
     grammar_options,
     ladder_options,
@@ -94,6 +97,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
     "raw text [default: chat when the target has a template].",
 )
 @click.option("--system", default=None, help="System message (implies --chat).")
+@chat_template_option
 @ladder_options
 @sampling_options
 @grammar_options
@@ -105,6 +109,7 @@ def run(
     prompt_file: Path | None,
     chat: bool | None,
     system: str | None,
+    chat_template: str | None,
     as_json: bool,
     verbose: bool,
     **params: Any,
@@ -117,9 +122,12 @@ def run(
     pyramid-gguf run --draft ngram --target 8b.gguf --mode sd -f prompt.txt
     """
     text = read_prompt(prompt, prompt_file)
+    template = chat_template_from(chat_template)
     sampling = sampling_config_from(params)
     if system is not None and chat is False:
         raise UserError("--system needs the chat template; drop --raw")
+    if chat_template is not None and chat is False:
+        raise UserError("--chat-template renders a chat; drop --raw")
     if system is not None:
         encode_utf8(system, "--system")
     if text is None and (as_json or chat is False):
@@ -130,17 +138,17 @@ def run(
     spec = spec_config_from(params, resolved.spec)
     with load_pyramid(args, resolved, spec) as pyramid:
         if text is None:
-            chat_session(pyramid, sampling, spec, system=system, verbose=verbose)
+            chat_session(pyramid, sampling, spec, system=system, verbose=verbose, template=template)
             return
         if chat is None:
-            chat = system is not None or pyramid.chat_template is not None
+            chat = system is not None or template is not None or pyramid.chat_template is not None
         if chat:
             messages = [{"role": "user", "content": text}]
             if system is not None:
                 messages.insert(0, {"role": "system", "content": system})
-            tokens: list[int] = pyramid.chat_tokens(messages)
+            tokens: list[int] = pyramid.chat_tokens(messages, template)
             if verbose:
-                click.echo(f"chat template: {pyramid.template().name}", err=True)
+                click.echo(f"chat template: {pyramid.template(template).name}", err=True)
         else:
             tokens = pyramid.tokenize(text)
         result = _generate(pyramid, tokens, sampling, spec, stream_text=not as_json)
@@ -157,15 +165,17 @@ def chat_session(
     *,
     system: str | None,
     verbose: bool,
+    template: str | None = None,
 ) -> None:
-    """The interactive chat: read a message, answer it through the chat template, repeat.
+    """The interactive chat: read a message, answer it through the chat template (``template``,
+    Jinja text; None: the target GGUF's), repeat.
 
     The whole conversation is templated again each turn; the prefix that the target's KV cache
     still holds (everything before the new message, where the answers' tokens are how their
     text tokenizes) is not evaluated again. A turn that no longer fits the context is refused
     (and forgotten) without ending the chat.
     """
-    if pyramid.chat_template is None:
+    if template is None and pyramid.chat_template is None:
         click.echo(
             f"{pyramid.ladder.target.model.path.name} has no chat template: using the built-in "
             "ChatML",
@@ -199,7 +209,8 @@ def chat_session(
             continue
         try:
             encode_utf8(text, "the message")
-            tokens = pyramid.chat_tokens([*messages, {"role": "user", "content": text}])
+            turn = [*messages, {"role": "user", "content": text}]
+            tokens = pyramid.chat_tokens(turn, template)
             result = _generate(pyramid, tokens, sampling, spec, stream_text=True)
         except UserError as e:  # the conversation outgrew the context, ...
             click.echo(f"Error: {e}", err=True)
@@ -247,15 +258,23 @@ def _generate(
     finish reason ``interrupted``, keeping what was generated."""
     out = _Result()
     pieces: list[str] = []
+
+    def lost(line: str) -> None:
+        """llama.cpp aborts (an RPC server lost): the answer so far before the exit."""
+        if not stream_text:
+            doc = {"text": "".join(pieces), "tokens": out.tokens, "finish_reason": "error"}
+            click.echo(json.dumps({**doc, "error": line}, indent=2))
+
     try:
-        for step in pyramid.stream(tokens, sampling, spec):
-            pieces.append(step.text)
-            out.tokens += step.token_ids
-            out.stats = step.stats
-            if stream_text and step.text:
-                click.echo(step.text, nl=False)
-                sys.stdout.flush()
-            out.finish_reason = step.finish_reason or out.finish_reason
+        with abort_hook(lost):
+            for step in pyramid.stream(tokens, sampling, spec):
+                pieces.append(step.text)
+                out.tokens += step.token_ids
+                out.stats = step.stats
+                if stream_text and step.text:
+                    click.echo(step.text, nl=False)
+                    sys.stdout.flush()
+                out.finish_reason = step.finish_reason or out.finish_reason
     except KeyboardInterrupt:
         out.finish_reason = "interrupted"
         if out.stats is not None:

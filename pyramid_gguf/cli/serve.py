@@ -8,6 +8,8 @@ once with one ``Error:`` line; uvicorn then serves on that socket.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
 from typing import Any
 
@@ -15,7 +17,9 @@ import click
 
 from ..api import Pyramid
 from ..core.errors import UserError
-from ..core.load import MAX_PARALLEL
+from ..core.load import MAX_PARALLEL, LoadConfig
+from ..core.sampling import SamplingConfig
+from ..embeddings import POOLING, Embedder, EmbeddingConfig
 from ..serving.settings import ServerSettings, resolve_chat_format
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options, spec_config_from, spec_options
@@ -65,11 +69,34 @@ __all__ = ["serve"]
     help="Requests admitted at once (the running ones included); more get 503.",
 )
 @click.option(
-    "--chat-format",
-    metavar="NAME|FILE",
+    "--embedding-model",
+    metavar="FILE.gguf",
     default=None,
-    help="Chat template: 'chatml', a Jinja file or template text "
-    "[default: the target GGUF's tokenizer.chat_template].",
+    help="A model of its own for the embedding routes (/v1/embeddings, /embeddings, Ollama's "
+    "/api/embed) [default: none; they answer 400].",
+)
+@click.option(
+    "--pooling",
+    type=click.Choice(list(POOLING)),
+    default=None,
+    help="How --embedding-model pools its tokens [default: its GGUF's pooling_type; a model "
+    "without one: none, llama.cpp's default, one vector per token].",
+)
+@click.option(
+    "--embedding-ctx-size",
+    type=int,
+    default=512,
+    show_default=True,
+    help="Most tokens of one input to --embedding-model (and of one batch of inputs).",
+)
+@click.option(
+    "--chat-template",
+    "--chat-format",
+    "chat_format",
+    metavar="NAME|FILE|TEXT",
+    default=None,
+    help="Chat template: a llama.cpp name (chatml, llama3, gemma, mistral-v7, ...), a Jinja "
+    "file or Jinja text [default: the target GGUF's tokenizer.chat_template].",
 )
 @click.option(
     "--model-name",
@@ -77,6 +104,29 @@ __all__ = ["serve"]
     "model_name",
     default=None,
     help="Model id reported by /v1/models [default: the preset or target file name].",
+)
+@click.option(
+    "--temp",
+    "temperature",
+    type=float,
+    default=None,
+    help="Default sampling temperature of requests that send none (llama-server's --temp) "
+    "[default: 0.8].",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Default sampling seed of requests that send none (-1: random) [default: random].",
+)
+@click.option(
+    "--n-predict",
+    "-n",
+    "n_predict",
+    type=int,
+    default=None,
+    help="Default most tokens of an answer whose request sends no limit (-1: until the context "
+    "is full, as llama-server) [default: 256].",
 )
 @click.option(
     "--log-level",
@@ -109,28 +159,100 @@ def serve(**params: Any) -> None:
         queue_size=params["queue_size"],
         model_name=params["model_name"],
         chat_template=resolve_chat_format(params["chat_format"]),
+        sampling=default_sampling(params),
         cors_origins=tuple(o.strip() for o in params["cors_origins"].split(",") if o.strip()),
     )
     args = LadderArgs.from_params(params)
     sockets = listen(params["host"], params["port"])
+    if args.rpc is not None and not params.get("worker"):
+        from ..serving.supervisor import supervise  # the models in a process a lost link may end
+
+        try:
+            supervise(params, sockets, args.rpc.endpoints)
+        finally:
+            for sock in sockets:
+                sock.close()
+        return
+    embedder = None
     try:
+        embedder = load_embedder(params, args.load)
         resolved = resolve_ladder(args)
         spec = spec_config_from(params, resolved.spec)
         with load_pyramid(args, resolved, spec, share_ngrams=True) as pyramid:
-            _serve(pyramid, settings, sockets, params)
+            _serve(pyramid, settings, sockets, params, embedder)
     finally:
+        if embedder is not None:
+            embedder.close()
         for sock in sockets:
             sock.close()
 
 
+def worker() -> None:
+    """A worker process of ``serve --rpc`` (:mod:`pyramid_gguf.serving.supervisor`): the
+    server on loopback at the port its front chose, the parameters from its environment."""
+    from ..serving.supervisor import WORKER_ENV
+
+    params = json.loads(os.environ[WORKER_ENV])
+    params.update(host="127.0.0.1", worker=True)  # the key and CORS are checked here, as ever
+    try:
+        assert serve.callback is not None
+        serve.callback(**params)
+    except UserError as e:
+        click.echo(f"Error: {e}", err=True)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+def default_sampling(params: dict[str, Any]) -> SamplingConfig:
+    """The sampling of a request that sends none: ``--temp``, ``--seed``, ``--n-predict``
+    (-1: the context's limit, the largest context a ladder may have)."""
+    changes: dict[str, Any] = {}
+    if params["temperature"] is not None:
+        changes["temperature"] = params["temperature"]
+    if params["seed"] is not None:
+        changes["seed"] = params["seed"]
+    n = params["n_predict"]
+    if n is not None:
+        changes["max_tokens"] = params["n_ctx"] if n == -1 else n
+    return SamplingConfig(**changes)
+
+
+def load_embedder(params: dict[str, Any], load: LoadConfig) -> Embedder | None:
+    """``--embedding-model`` loaded with ``--pooling``, the ladder's threads and GPU layers;
+    None without it."""
+    path = params["embedding_model"]
+    if path is None:
+        if params["pooling"] is not None:
+            raise UserError("--pooling applies to --embedding-model: give one")
+        return None
+    cfg = EmbeddingConfig(
+        pooling=params["pooling"],
+        n_ctx=params["embedding_ctx_size"],
+        n_gpu_layers=load.n_gpu_layers,
+        n_threads=load.n_threads,
+    )
+    embedder = Embedder.load(path, cfg)
+    click.echo(
+        f"embeddings: {embedder.name} (pooling {embedder.pooling}, {embedder.n_embd} "
+        f"dimensions, inputs up to {embedder.n_ctx} tokens)",
+        err=True,
+    )
+    return embedder
+
+
 def _serve(
-    pyramid: Pyramid, settings: ServerSettings, sockets: list[socket.socket], params: dict[str, Any]
+    pyramid: Pyramid,
+    settings: ServerSettings,
+    sockets: list[socket.socket],
+    params: dict[str, Any],
+    embedder: Embedder | None = None,
 ) -> None:
     import uvicorn
 
     from ..serving.app import Server, create_app
 
-    app = create_app(pyramid, settings)
+    app = create_app(pyramid, settings, embedder)
     host, port = params["host"], sockets[0].getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     click.echo(

@@ -15,15 +15,114 @@ MIN_TEMPERATURE = 1e-6
 #: Most alternatives per token a log-probability request may ask for (OpenAI's limit).
 MAX_TOP_LOGPROBS = 20
 
+#: llama.cpp's sampler names (``--samplers``, llama-server's ``samplers``), in its default
+#: order: the chain every tier runs, then a draw from what is left.
+DEFAULT_SAMPLERS: tuple[str, ...] = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+#: The samplers that read the tokens before the position (not only its logits).
+HISTORY_SAMPLERS = ("penalties", "dry")
+#: llama.cpp's default DRY sequence breakers: a repetition is not followed across them.
+DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
+#: llama.cpp's other spellings of sampler names, and its one-letter codes.
+_SAMPLER_ALIASES = {
+    "top-k": "top_k",
+    "top-p": "top_p",
+    "nucleus": "top_p",
+    "typical-p": "typ_p",
+    "typical": "typ_p",
+    "typ-p": "typ_p",
+    "typ": "typ_p",
+    "min-p": "min_p",
+    "temp": "temperature",
+    "top-n-sigma": "top_n_sigma",
+}
+_SAMPLER_CHARS = {
+    "e": "penalties",
+    "d": "dry",
+    "s": "top_n_sigma",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "m": "min_p",
+    "x": "xtc",
+    "t": "temperature",
+}
+
+
+def parse_samplers(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """llama.cpp's sampler order: names (``"top_k;temperature"`` or a list, aliases taken) or
+    its one-letter codes (``"kt"``). An unknown one is a one-line UserError listing them."""
+    if isinstance(value, str):
+        if ";" not in value and value and all(c in _SAMPLER_CHARS for c in value):
+            return tuple(_SAMPLER_CHARS[c] for c in value)
+        value = [v for v in value.split(";") if v]
+    out = []
+    for raw in value:
+        name = _SAMPLER_ALIASES.get(str(raw), str(raw))
+        if name not in DEFAULT_SAMPLERS:
+            known = ", ".join(DEFAULT_SAMPLERS)
+            raise UserError(f"unknown sampler {raw!r} in samplers: known are {known}")
+        out.append(name)
+    return tuple(out)
+
+
+def parse_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """``(token, bias)`` pairs from OpenAI's ``{"id": bias}`` or llama-server's ``[[id, bias]]``
+    (a bias of ``false`` bans the token, as ``-inf`` does). Text keys need a tokenizer: a
+    one-line UserError, like any other malformed entry."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        if not all(isinstance(e, (list, tuple)) and len(e) == 2 for e in value):
+            raise UserError("logit_bias must be {token_id: bias} or [[token_id, bias], ...]")
+        items = [(e[0], e[1]) for e in value]
+    else:
+        raise UserError("logit_bias must be {token_id: bias} or [[token_id, bias], ...]")
+    out = []
+    for key, bias in items:
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise UserError(f"logit_bias: token {key!r} must be a token id")
+        try:
+            token = int(key)
+        except ValueError:
+            raise UserError(
+                f"logit_bias: {key!r} is text; send token ids (POST /tokenize gives them)"
+            ) from None
+        if bias is False:
+            out.append((token, -math.inf))
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
+            out.append((token, float(bias)))
+        else:
+            raise UserError(f"logit_bias: the bias of token {token} must be a number or false")
+    return tuple(out)
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """Sampling warp and stop conditions, shared by every tier so ``p`` and ``q`` compare.
 
-    The warp is temperature, then top-k, then top-p, then min-p (llama.cpp's order and
-    defaults). ``temperature == 0`` is greedy: one-hot on the argmax, lowest id on ties.
-    ``top_k <= 0`` disables top-k; ``top_p >= 1`` and ``min_p <= 0`` disable theirs.
-    Temperatures below :data:`MIN_TEMPERATURE` are stored as 0. ``seed``: None or -1 (llama.cpp's
+    The warp is llama.cpp's sampler chain: ``logit_bias``, then ``samplers`` in order (by
+    default :data:`DEFAULT_SAMPLERS`: penalties, dry, top-n-sigma, top-k, typical, top-p,
+    min-p, XTC, temperature), with llama.cpp's definitions and defaults
+    (:mod:`~pyramid_gguf.decoding.runtime.warps`). ``temperature == 0`` is greedy: one-hot on
+    the argmax, lowest id on ties. ``top_k <= 0``, ``top_p >= 1``, ``min_p <= 0``,
+    ``typical_p >= 1``, ``top_n_sigma <= 0``, ``xtc_probability == 0``, ``dynatemp_range == 0``,
+    ``repeat_penalty == 1`` (with zero presence and frequency penalties) disable theirs;
+    ``repeat_last_n``: the tokens the penalties read (-1: all, prompt included). DRY
+    (``dry_multiplier`` 0: off) lowers a token that would extend a repetition longer than
+    ``dry_allowed_length`` by ``dry_multiplier * dry_base ** (length - dry_allowed_length)``,
+    reading the last ``dry_penalty_last_n`` tokens (-1: all), never across
+    ``dry_sequence_breakers``. Temperatures
+    below :data:`MIN_TEMPERATURE` are stored as 0. ``seed``: None or -1 (llama.cpp's
     convention) draws a random seed; -1 is stored as None. ``grammar`` / ``triggers`` constrain
     the answer (structured output, tool calls; docs/ALGORITHMS.md, "Grammars").
     """
@@ -41,6 +140,25 @@ class SamplingConfig:
     grammar: Grammar | None = None
     #: Lazy grammars: the answer is free until one's text appears (a tool call opening).
     triggers: tuple[Trigger, ...] = ()
+    # llama.cpp's other samplers (after the fields above, which keep their positions)
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: ``(token id, bias)`` added to the logits before every sampler; ``-inf`` bans a token.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = DRY_BREAKERS
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -57,6 +175,7 @@ class SamplingConfig:
             raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise UserError(f"--min-p must be in [0, 1], got {self.min_p}")
+        self._check_chain()
         if self.max_tokens < 1:
             raise UserError(f"--max-tokens must be at least 1, got {self.max_tokens}")
         if any(not s for s in self.stop):
@@ -65,6 +184,64 @@ class SamplingConfig:
             raise UserError("an answer has one grammar: a whole-answer one or lazy triggers")
         if self.ignore_eos and (self.grammar is not None or self.triggers):
             raise UserError("ignore_eos cannot go with a grammar: the grammar ends the answer")
+
+    def _check_chain(self) -> None:
+        """The samplers beyond top-k/top-p/min-p: llama.cpp's ranges, one line each."""
+        finite = {
+            "--typical": self.typical_p,
+            "--top-nsigma": self.top_n_sigma,
+            "--dynatemp-range": self.dynatemp_range,
+            "--dynatemp-exp": self.dynatemp_exponent,
+            "--repeat-penalty": self.repeat_penalty,
+            "--presence-penalty": self.presence_penalty,
+            "--frequency-penalty": self.frequency_penalty,
+            "--dry-multiplier": self.dry_multiplier,
+            "--dry-base": self.dry_base,
+        }
+        for flag, value in finite.items():
+            if not math.isfinite(value):
+                raise UserError(f"{flag} must be a finite number, got {value}")
+        if not self.typical_p > 0:
+            raise UserError(f"--typical must be > 0 (1 disables it), got {self.typical_p}")
+        if not 0 <= self.xtc_probability <= 1:
+            raise UserError(f"--xtc-probability must be in [0, 1], got {self.xtc_probability}")
+        if not 0 <= self.xtc_threshold <= 1:
+            raise UserError(f"--xtc-threshold must be in [0, 1], got {self.xtc_threshold}")
+        if self.dynatemp_range < 0:
+            raise UserError(f"--dynatemp-range must be >= 0, got {self.dynatemp_range}")
+        if not self.repeat_penalty > 0:
+            raise UserError(
+                f"--repeat-penalty must be > 0 (1 disables it), got {self.repeat_penalty}"
+            )
+        if self.repeat_last_n < -1:
+            raise UserError(f"--repeat-last-n must be >= -1 (-1: all), got {self.repeat_last_n}")
+        self._check_dry()
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise UserError(f"logit_bias: token ids are >= 0, got {token}")
+            if math.isnan(bias) or bias == math.inf:
+                raise UserError(f"logit_bias: the bias of token {token} must be finite or -inf")
+        unknown = [s for s in self.samplers if s not in DEFAULT_SAMPLERS]
+        if unknown:
+            known = ", ".join(DEFAULT_SAMPLERS)
+            raise UserError(f"unknown sampler {unknown[0]!r} in samplers: known are {known}")
+        history = [i for i, s in enumerate(self.samplers) if s in HISTORY_SAMPLERS]
+        xtc = self.samplers.index("xtc") if "xtc" in self.samplers else len(self.samplers)
+        if self.xtc_probability > 0 and history and xtc < history[-1]:
+            raise UserError("samplers: put xtc after penalties and dry")
+
+    def _check_dry(self) -> None:
+        """DRY's ranges, one line each (llama.cpp's, with -1 for all the tokens)."""
+        if self.dry_multiplier != 0 and self.dry_base < 1:
+            raise UserError(f"--dry-base must be >= 1, got {self.dry_base}")
+        if self.dry_allowed_length < 0:
+            raise UserError(f"--dry-allowed-length must be >= 0, got {self.dry_allowed_length}")
+        if self.dry_penalty_last_n < -1:
+            raise UserError(
+                f"--dry-penalty-last-n must be >= -1 (-1: all), got {self.dry_penalty_last_n}"
+            )
+        if any(not isinstance(b, str) or not b for b in self.dry_sequence_breakers):
+            raise UserError("--dry-sequence-breaker: the breakers must be non-empty strings")
 
     def with_(self, **changes: object) -> SamplingConfig:
         """A copy with some fields replaced (validated again)."""

@@ -21,6 +21,7 @@ class Vocab:
     def __init__(self, vocab_ptr: Any) -> None:
         self._ptr = vocab_ptr
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab_ptr))
+        self._pieces: tuple[bytes, ...] | None = None
 
     @property
     def ptr(self) -> Any:
@@ -34,7 +35,15 @@ class Vocab:
 
         Text that cannot be UTF-8 (lone surrogates: undecodable bytes of a command line, or
         ``"\\ud800"`` in JSON) is a :class:`UserError`."""
-        data = encode_utf8(text, "the prompt")
+        return self.tokenize_bytes(
+            encode_utf8(text, "the prompt"), add_special=add_special, parse_special=parse_special
+        )
+
+    def tokenize_bytes(
+        self, data: bytes, *, add_special: bool = False, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of raw bytes (by default without BOS, special tokens not parsed, as
+        llama.cpp tokenizes DRY's sequence breakers)."""
         cap = len(data) + 16
         buf = (llama_cpp.llama_token * cap)()
         n = llama_cpp.llama_tokenize(
@@ -56,6 +65,25 @@ class Vocab:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._ptr, int(token), buf, -n, 0, special)
         return buf.raw[:n]
+
+    def pieces(self) -> tuple[bytes, ...]:
+        """Every token alone as llama.cpp's ``llama_vocab::detokenize({t}, true)`` renders it
+        (special text included; what DRY searches for its breakers). ``[V]``, read once."""
+        if self._pieces is None:
+            one = (llama_cpp.llama_token * 1)()
+            buf = ctypes.create_string_buffer(256)
+            out = []
+            for t in range(self.n_vocab):
+                one[0] = t
+                n = llama_cpp.llama_detokenize(self._ptr, one, 1, buf, 256, False, True)
+                if n < 0:
+                    big = ctypes.create_string_buffer(-n)
+                    n = llama_cpp.llama_detokenize(self._ptr, one, 1, big, -n, False, True)
+                    out.append(big.raw[:n])
+                else:
+                    out.append(buf.raw[:n])
+            self._pieces = tuple(out)
+        return self._pieces
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Text of ``tokens`` (invalid UTF-8 replaced)."""

@@ -4,9 +4,10 @@
 (Prometheus) and each dialect's routes, every one a door onto the same
 :class:`~.service.Service` (admission by :meth:`Pyramid.submit`, the pyramid's bounded queue;
 each generation read back by a :class:`~.jobs.Reader`): OpenAI's (:mod:`.openai_routes`),
-llama-server's own (:mod:`.llama_server`), Ollama's (:mod:`.ollama`) and Anthropic's
-(:mod:`.anthropic`). Errors are answered in OpenAI's shape (:mod:`.http_errors`), except on the
-Ollama and Anthropic routes, which answer in their own. :class:`Server` runs it on uvicorn.
+llama-server's own (:mod:`.llama_server`), OpenAI's Responses API (:mod:`.responses`),
+Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`). Errors are answered in OpenAI's
+shape (:mod:`.http_errors`), except on the Ollama and Anthropic routes, which answer in their
+own. :class:`Server` runs it on uvicorn.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.responses import Response as HTTPResponse
 
 from ..api import Pyramid
-from . import anthropic, llama_server, ollama, openai_routes
+from ..embeddings import Embedder
+from . import anthropic, embeddings, llama_server, ollama, openai_routes, responses
 from .http_errors import ApiKeyMiddleware, install_error_handlers
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render as render_metrics
@@ -31,9 +33,12 @@ from .service import Service
 from .settings import ServerSettings
 
 
-def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(
+    pyramid: Pyramid, settings: ServerSettings | None = None, embedder: Embedder | None = None
+) -> FastAPI:
     """The FastAPI app serving ``pyramid`` (which the caller keeps and closes); it bounds the
-    pyramid's queue to ``settings.queue_size``."""
+    pyramid's queue to ``settings.queue_size``. ``embedder`` (kept and closed by the caller too)
+    answers the embedding routes (:mod:`.embeddings`); without it they say how to load one."""
     settings = settings or ServerSettings()
     pyramid.queue_size = settings.queue_size
     service = Service(pyramid, settings)
@@ -78,8 +83,10 @@ def create_app(pyramid: Pyramid, settings: ServerSettings | None = None) -> Fast
         return HTTPResponse(body, media_type=METRICS_TYPE)
 
     app.include_router(openai_routes.routes(service))
+    app.include_router(embeddings.routes(embedder, settings))
     app.include_router(ollama.routes(service))
     app.include_router(anthropic.routes(service))
+    app.include_router(responses.routes(service))
     app.include_router(llama_server.routes(service))
     return app
 

@@ -1,5 +1,7 @@
-"""Errors in OpenAI's shape, with no web framework: :class:`ApiError`, and the first of a request
-body's validation errors as one (the server's handlers are in :mod:`.http_errors`)."""
+"""Errors with no web framework: :class:`ApiError`, answered in OpenAI's shape
+(``{"error": {"message", "type", "param", "code"}}``) or llama-server's (``{"error": {"code":
+<status>, "message", "type"}}``, on its unprefixed routes), and the first of a request body's
+validation errors as one (the server's handlers are in :mod:`.http_errors`)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,22 @@ from typing import Any
 
 from ..core.errors import UserError
 
+#: llama-server's error ``type`` of a status, where ours is OpenAI's generic
+#: ``invalid_request_error`` (``error_type`` in its ``server-common.h``).
+LLAMA_TYPES: dict[int, str] = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
 
 class ApiError(Exception):
-    """An error answered in OpenAI's shape."""
+    """An error answered in OpenAI's shape (:meth:`body`) or llama-server's
+    (:meth:`llama_body`: ``llama_type`` replaces ``type`` there, and ``extra`` fields join it,
+    as its ``n_prompt_tokens`` and ``n_ctx`` of a prompt over the context)."""
 
     def __init__(
         self,
@@ -21,6 +36,8 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        llama_type: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -29,6 +46,15 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers
+        self.llama_type = llama_type
+        self.extra = extra or {}
+
+    def llama_body(self) -> dict[str, Any]:
+        """llama-server's shape: the status as ``code``, its ``type`` names."""
+        kind = self.llama_type or self.type
+        if kind == "invalid_request_error":
+            kind = LLAMA_TYPES.get(self.status, kind)
+        return {"error": {"code": self.status, "message": self.message, "type": kind, **self.extra}}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -39,6 +65,20 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
+
+
+def context_exceeded(n_prompt: int, n_ctx: int) -> ApiError:
+    """A prompt of ``n_prompt`` tokens that does not fit a slot's ``n_ctx``: OpenAI's
+    ``context_length_exceeded``, llama-server's ``exceed_context_size_error`` (with both
+    counts)."""
+    return ApiError(
+        400,
+        f"the request ({n_prompt} tokens) exceeds the available context size ({n_ctx} "
+        "tokens): raise --ctx-size or shorten the prompt",
+        code="context_length_exceeded",
+        llama_type="exceed_context_size_error",
+        extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx},
+    )
 
 
 def validation_error(errors: Sequence[Any]) -> ApiError:

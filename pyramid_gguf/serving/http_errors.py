@@ -1,5 +1,6 @@
 """The HTTP side of errors: the API-key check and the handlers that answer every error in
-OpenAI's shape (:mod:`.errors` holds the errors themselves)."""
+OpenAI's shape, or in llama-server's on its own routes (every path but ``/v1/...`` and Ollama's
+``/api/...``; :mod:`.errors` holds the errors themselves)."""
 
 from __future__ import annotations
 
@@ -42,39 +43,54 @@ class ApiKeyMiddleware:
                     "Incorrect or missing API key (send Authorization: Bearer KEY or X-Api-Key).",
                     code="invalid_api_key",
                 )
-                await response(error)(scope, receive, send)
+                await response(error, path)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def response(error: ApiError) -> JSONResponse:
-    """``error`` as an HTTP response."""
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+def llama_path(path: str) -> bool:
+    """Whether ``path`` is one of llama-server's own routes (no ``/v1/`` prefix, not Ollama's
+    ``/api/``): its errors are answered in llama-server's shape."""
+    return not path.startswith(("/v1/", "/api/"))
+
+
+def response(error: ApiError, path: str | None = None) -> JSONResponse:
+    """``error`` as the HTTP response of a request to ``path`` (None: in OpenAI's shape)."""
+    body = error.llama_body() if path is not None and llama_path(path) else error.body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's shape; validation errors are 400, not FastAPI's 422."""
+    """Every error in its route's shape; validation errors are 400, not FastAPI's 422."""
 
     async def api_error(request: Request, exc: Exception) -> HTTPResponse:
         assert isinstance(exc, ApiError)
-        return response(exc)
+        return response(exc, request.url.path)
 
     async def validation(request: Request, exc: Exception) -> HTTPResponse:
         assert isinstance(exc, RequestValidationError)
-        return response(validation_error(exc.errors()))
+        return response(validation_error(exc.errors()), request.url.path)
 
     async def user_error(request: Request, exc: Exception) -> HTTPResponse:
         # OpenAI's code for a prompt longer than the context, which clients look for
-        code = "context_length_exceeded" if isinstance(exc, ContextOverflow) else None
-        return response(ApiError(400, str(exc), code=code))
+        if isinstance(exc, ContextOverflow):
+            error = ApiError(
+                400,
+                str(exc),
+                code="context_length_exceeded",
+                llama_type="exceed_context_size_error",
+            )
+        else:
+            error = ApiError(400, str(exc))
+        return response(error, request.url.path)
 
     async def http_error(request: Request, exc: Exception) -> HTTPResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-        return response(ApiError(exc.status_code, str(exc.detail), type=kind))
+        return response(ApiError(exc.status_code, str(exc.detail), type=kind), request.url.path)
 
     async def internal(request: Request, exc: Exception) -> HTTPResponse:
-        return response(error_of(exc))
+        return response(error_of(exc), request.url.path)
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation)

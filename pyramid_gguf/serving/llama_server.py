@@ -1,13 +1,16 @@
 """llama-server's simple routes, as its own server names and shapes them (``tools/server`` in
-llama.cpp): OpenAI's routes without the ``/v1`` prefix (``/models``, ``/completions``,
-``/chat/completions``: the same handlers, :func:`.openai_routes.register`), ``POST /tokenize``
+llama.cpp): OpenAI's routes without the ``/v1`` prefix (``/models``, ``/chat/completions``: the
+same handlers, :func:`.openai_routes.register`), ``POST /chat/completions/input_tokens`` (a
+chat's prompt length), ``POST /tokenize``
 (``content``, ``add_special``, ``parse_special``, ``with_pieces``), ``POST /detokenize``
 (``tokens``), ``POST /apply-template`` (a chat's ``messages`` and ``tools`` -> ``prompt``),
 ``GET /props`` (the default generation settings, slots, chat template, model path, build),
 ``GET /slots`` (read-only: each slot's ``id``, ``n_ctx``, ``is_processing``) and the native
-``POST /completion`` (``prompt`` as text or token ids, ``n_predict``...; answered with
-``content``, ``stop_type``, ``timings``..., or streamed as ``data:`` chunks, the last with
-``stop: true``).
+``POST /completion`` (also ``/completions``, as llama-server: ``prompt`` as text or token ids,
+``n_predict``...; answered with ``content``, ``stop_type``, ``timings`` (numbers only, as
+llama-server's; the mode and per-stage statistics under ``speculative``)..., or streamed as
+``data:`` chunks, the last with ``stop: true``). Errors are answered in llama-server's shape
+(:meth:`.errors.ApiError.llama_body`).
 
 ``/completion`` generates through the one path (:meth:`.service.Service.admit` onto
 :meth:`Pyramid.submit <pyramid_gguf.api.Pyramid.submit>`); the rest read the target's
@@ -17,7 +20,9 @@ not honour is a 400, like every other route's.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import math
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -29,16 +34,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import Response as HTTPResponse
 
-from ..api import GenerationStats, Job, Response
+from ..api import GenerationStats, Job, Response, TokenLogprob
 from ..chat import parse_tool_request
 from ..core.errors import UserError
-from ..core.sampling import SamplingConfig
+from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
 from ..core.spec import SpecConfig
 from .errors import ApiError, error_of
 from .jobs import ClientGone, Deliver, Reader
 from .openai import timings
-from .openai_routes import register
-from .schemas import ChatMessage, GenerationRequest
+from .openai_routes import check_context, register
+from .schemas import ChatCompletionRequest, ChatMessage, GenerationRequest
 from .service import Service, event_stream, sse
 
 #: llama.cpp's ``LLAMA_DEFAULT_SEED``: what ``/props`` shows for a random seed.
@@ -79,18 +84,57 @@ class ApplyTemplateRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
+def split_prompt(prompt: Any) -> list[list[str | int]]:
+    """llama-server's ``prompt`` as a list of prompts, each a list of texts and token ids: text,
+    token ids, or both mixed in one list are one prompt; a list of those (without ids at its
+    top level) and of ``{"prompt_string": text}`` objects is several prompts."""
+    if isinstance(prompt, list) and prompt and not any(_is_id(p) for p in prompt):
+        return [_one_prompt(p) for p in prompt]
+    return [_one_prompt(prompt)]
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _one_prompt(prompt: Any) -> list[str | int]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, dict):
+        if "multimodal_data" in prompt:
+            raise ValueError("multimodal_data: this server reads no images or audio")
+        text = prompt.get("prompt_string")
+        if not isinstance(text, str) or len(prompt) != 1:
+            raise ValueError('a prompt object is {"prompt_string": text}')
+        return [text]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_id(p) for p in prompt):
+        return list(prompt)
+    raise ValueError("give text, token ids, both mixed in one list, or a list of prompts")
+
+
 class NativeCompletionRequest(GenerationRequest):
     """``POST /completion``: llama-server's native completion. ``prompt`` (required): text (BOS
-    added, special tokens parsed) or token ids; ``n_predict``: the most tokens (-1: the server's
+    added, special tokens parsed), token ids, both mixed, or several prompts answered as a list
+    (:func:`split_prompt`; not streamed); ``n_predict``: the most tokens (-1: the server's
     limit); ``return_tokens``: the answer's token ids in ``tokens``; ``cache_prompt`` is taken
     and changes nothing (a slot whose cache the prompt continues is always reused). The
     sampling fields, ``stop``, ``ignore_eos``, ``json_schema`` and ``grammar`` are
-    :class:`~.schemas.GenerationRequest`'s; ``n_probs`` and the sampler fields we do not run are
-    refused unless neutral (:data:`~.schemas.UNSUPPORTED`)."""
+    :class:`~.schemas.GenerationRequest`'s; ``n_probs``: the target's log-probability of each
+    token with that many alternatives, as ``completion_probabilities``; the sampler fields we do
+    not run are refused unless neutral (:data:`~.schemas.UNSUPPORTED`)."""
 
-    prompt: str | list[int]
+    prompt: list[list[str | int]]
     return_tokens: bool = False
     cache_prompt: bool = True
+    n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def top_logprobs(self) -> int | None:
+        return self.n_probs or None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompts(cls, prompt: Any) -> list[list[str | int]]:
+        return split_prompt(prompt)
 
     @field_validator("n_predict")
     @classmethod
@@ -112,10 +156,17 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
 def routes(service: Service) -> APIRouter:
     """llama-server's simple routes over ``service``."""
     router = APIRouter()
-    register(router, service, "")
+    register(router, service, "", llama=True)
     pyramid = service.pyramid
     target = pyramid.ladder.target
     vocab = target.vocab
+    n_ctx = min(m.n_ctx for m in pyramid.ladder.models)
+    eog: list[int] = []  # the vocabulary's end-of-generation tokens, read once when asked
+
+    def end_tokens() -> list[int]:
+        if not eog:
+            eog.extend(t for t in range(target.n_vocab) if vocab.is_eog(t))
+        return eog
 
     def check_ids(tokens: list[int], param: str) -> None:
         bad = next((t for t in tokens if not 0 <= t < target.n_vocab), None)
@@ -173,41 +224,83 @@ def routes(service: Service) -> APIRouter:
         )
         return {"prompt": prompt}
 
-    @router.post("/completion")
+    async def input_tokens(body: ChatCompletionRequest) -> dict[str, Any]:
+        sampling = body.sampling(service.settings.sampling)
+        messages = [m.as_dict() for m in body.messages]
+        chat = pyramid.prepare_chat(
+            messages, sampling, body.tool_request(), service.settings.chat_template
+        )
+        return {"input_tokens": len(chat.tokens)}
+
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        router.add_api_route(path, input_tokens, methods=["POST"])
+
+    def tokens_of(parts: list[str | int]) -> list[int]:
+        """One prompt's tokens: its texts tokenized (BOS before a first text), ids kept."""
+        tokens: list[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                tokens += vocab.tokenize(part, add_special=i == 0, parse_special=True)
+            else:
+                tokens.append(part)
+        check_ids(tokens, "prompt")
+        check_context(tokens, n_ctx)
+        return tokens
+
     async def completion(request: Request, body: NativeCompletionRequest) -> HTTPResponse:
+        prompts = [tokens_of(parts) for parts in body.prompt]
+        if len(prompts) > 1 and body.stream:
+            raise ApiError(400, "several prompts are not streamed: send one", param="prompt")
+        answers = await asyncio.gather(
+            *(answer(request, body, t, i) for i, t in enumerate(prompts))
+        )
+        if len(answers) == 1 and isinstance(answers[0], HTTPResponse):
+            return answers[0]  # a stream
+        if any(a is None for a in answers):
+            return HTTPResponse(status_code=499)
+        return JSONResponse(answers[0] if len(answers) == 1 else answers)
+
+    async def answer(
+        request: Request, body: NativeCompletionRequest, tokens: list[int], index: int
+    ) -> HTTPResponse | dict[str, Any] | None:
+        """One prompt's answer: a stream, or its body (None: the client left)."""
         sampling, spec = body.sampling(service.settings.sampling), body.spec(service.spec)
-        if isinstance(body.prompt, str):
-            tokens = pyramid.tokenize(body.prompt)
-        else:
-            check_ids(body.prompt, "prompt")
-            tokens = list(body.prompt)
 
         def submit(deliver: Deliver) -> Job:
-            return pyramid.submit(tokens, sampling, spec, deliver=deliver)
+            top = body.top_logprobs()
+            return pyramid.submit(tokens, sampling, spec, deliver=deliver, logprobs=top)
 
         admitted = await service.admit(request, submit)
         if admitted is None:
-            return HTTPResponse(status_code=499)
+            return None
         reader, first = admitted
         shape = NativeShape(
             model=service.model_name,
             prompt=b"".join(vocab.token_bytes(t, special=True) for t in tokens).decode(
                 "utf-8", errors="replace"
             ),
-            settings=generation_settings(sampling, spec, body.stream),
+            settings=generation_settings(
+                sampling, spec, body.stream, end_tokens() if sampling.ignore_eos else ()
+            )
+            | {"n_probs": body.n_probs},
             stops=sampling.stop,
             piece=vocab.token_bytes,
+            n_ctx=n_ctx,
             return_tokens=body.return_tokens,
+            index=index,
         )
         if body.stream:
             return event_stream(_native_events(reader, first, shape))
         try:
             steps = await service.collect(request, reader, first)
         except ClientGone:
-            return HTTPResponse(status_code=499)
+            return None
         for step in steps:
             shape.add(step)
-        return JSONResponse(shape.final(steps[-1], stream=False))
+        return shape.final(steps[-1], stream=False)
+
+    for path in ("/completion", "/completions"):
+        router.add_api_route(path, completion, methods=["POST"])
 
     @router.get("/slots")
     async def slots(fail_on_no_slot: bool = False) -> list[dict[str, Any]]:
@@ -250,16 +343,41 @@ def _params(sampling: SamplingConfig) -> dict[str, Any]:
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
         "min_p": sampling.min_p,
+        "typical_p": sampling.typical_p,
+        "top_n_sigma": sampling.top_n_sigma,
+        "xtc_probability": sampling.xtc_probability,
+        "xtc_threshold": sampling.xtc_threshold,
+        "dynatemp_range": sampling.dynatemp_range,
+        "dynatemp_exponent": sampling.dynatemp_exponent,
+        "repeat_penalty": sampling.repeat_penalty,
+        "repeat_last_n": sampling.repeat_last_n,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "dry_multiplier": sampling.dry_multiplier,
+        "dry_base": sampling.dry_base,
+        "dry_allowed_length": sampling.dry_allowed_length,
+        "dry_penalty_last_n": sampling.dry_penalty_last_n,
+        "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
+        "samplers": list(sampling.samplers),
         "n_predict": sampling.max_tokens,
         "stop": list(sampling.stop),
         "ignore_eos": sampling.ignore_eos,
     }
 
 
-def generation_settings(sampling: SamplingConfig, spec: SpecConfig, stream: bool) -> dict[str, Any]:
-    """``/completion``'s ``generation_settings``: the settings the answer ran with."""
+def generation_settings(
+    sampling: SamplingConfig, spec: SpecConfig, stream: bool, banned: Sequence[int] = ()
+) -> dict[str, Any]:
+    """``/completion``'s ``generation_settings``: the settings the answer ran with.
+    ``logit_bias`` lists the request's biases, then the ``banned`` tokens (``ignore_eos``'s end
+    tokens), a bias of -inf shown as null, as llama-server shows them."""
     grammar = sampling.grammar
+    biases = [*sampling.logit_bias, *((t, -math.inf) for t in banned)]
     return _params(sampling) | {
+        "logit_bias": [
+            {"bias": bias if math.isfinite(bias) else None, "token": token}
+            for token, bias in biases
+        ],
         "max_tokens": sampling.max_tokens,
         "stream": stream,
         "n_probs": 0,
@@ -279,32 +397,42 @@ class NativeShape:
     stops: Sequence[str]
     #: A token's bytes, as the text was rendered (control tokens empty).
     piece: Callable[[int], bytes]
+    #: A slot's context: an answer cut there is ``truncated``.
+    n_ctx: int
     return_tokens: bool = False
+    #: The prompt's place among a request's prompts.
+    index: int = 0
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+    #: The tokens' log-probabilities (``n_probs``), in ``completion_probabilities``' shape.
+    probs: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, step: Response) -> None:
         self.texts.append(step.text)
         self.ids += step.token_ids
+        self.probs += [_probability(lp) for lp in step.logprobs]
 
     def partial(self, step: Response) -> dict[str, Any]:
-        """A streamed chunk of ``step``'s text and tokens."""
-        return {
-            "index": 0,
+        """A streamed chunk of ``step``'s text and tokens (and their probabilities)."""
+        chunk = {
+            "index": self.index,
             "content": step.text,
             "tokens": list(step.token_ids),
             "stop": False,
             "tokens_predicted": step.stats.generated_tokens,
             "tokens_evaluated": step.stats.prompt_tokens,
         }
+        if step.logprobs:
+            chunk["completion_probabilities"] = [_probability(lp) for lp in step.logprobs]
+        return chunk
 
     def final(self, last: Response, *, stream: bool) -> dict[str, Any]:
         """The last body (streamed: its content and tokens were in the chunks before)."""
         stats = last.stats
         content = "".join(self.texts)
         stop_type, word = self.stop_of(last.finish_reason, content, stats)
-        return {
-            "index": 0,
+        body: dict[str, Any] = {
+            "index": self.index,
             "content": "" if stream else content,
             "tokens": self.ids if self.return_tokens and not stream else [],
             "stop": True,
@@ -314,12 +442,17 @@ class NativeShape:
             "generation_settings": self.settings,
             "prompt": self.prompt,
             "has_new_line": "\n" in content,
-            "truncated": False,  # a prompt over the context is a 400, never cut
+            # a prompt over the context is a 400; an answer may fill the context, and stop there
+            "truncated": last.finish_reason == "length"
+            and stats.prompt_tokens + stats.generated_tokens >= self.n_ctx,
             "stop_type": stop_type,
             "stopping_word": word,
             "tokens_cached": stats.prompt_tokens + stats.generated_tokens,
-            "timings": timings(stats),
+            **native_timings(stats),
         }
+        if self.probs and not stream:  # streamed: each chunk carried its tokens'
+            body["completion_probabilities"] = self.probs
+        return body
 
     def stop_of(self, reason: str | None, content: str, stats: GenerationStats) -> tuple[str, str]:
         """llama-server's ``stop_type`` and ``stopping_word``. A stop string that ended the
@@ -339,6 +472,23 @@ class NativeShape:
             if raw.startswith(stop, at) or (unread and stop.startswith(tail)):
                 return "word", stop
         return "eos", ""
+
+
+def native_timings(stats: GenerationStats) -> dict[str, Any]:
+    """``timings`` as llama-server's native answer has them, every value a number (with its
+    ``prompt_per_token_ms`` and ``predicted_per_token_ms``), and ours that are not numbers
+    (``mode``, per-stage ``stages``) beside them under ``speculative``."""
+    numbers = timings(stats)
+    speculative = {"mode": numbers.pop("mode"), "stages": numbers.pop("stages")}
+    per_token = {
+        "prompt_per_token_ms": _per(numbers["prompt_ms"], numbers["prompt_n"]),
+        "predicted_per_token_ms": _per(numbers["predicted_ms"], numbers["predicted_n"]),
+    }
+    return {"timings": numbers | per_token, "speculative": speculative}
+
+
+def _per(ms: float, n: int) -> float:
+    return round(ms / n, 3) if n else 0.0
 
 
 async def _native_events(
@@ -361,6 +511,18 @@ async def _native_events(
         yield sse(error_of(e).body())
     finally:
         reader.close()
+
+
+def _probability(lp: TokenLogprob) -> dict[str, Any]:
+    """One token of llama-server's ``completion_probabilities``: the target's log-probability
+    before sampling, and its ``n_probs`` alternatives."""
+
+    def entry(token: int, piece: bytes, logprob: float) -> dict[str, Any]:
+        text = piece.decode("utf-8", errors="ignore")
+        return {"id": token, "token": text, "bytes": list(piece), "logprob": logprob}
+
+    top = [entry(*alt) for alt in lp.top]
+    return entry(lp.token, lp.piece, lp.logprob) | {"top_logprobs": top}
 
 
 def _piece(data: bytes) -> str | list[int]:

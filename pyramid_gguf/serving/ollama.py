@@ -8,10 +8,12 @@ chat of its ``system`` and ``prompt``) is prepared by :meth:`Pyramid.prepare_cha
 <pyramid_gguf.api.Pyramid.prepare_chat>` and admitted by the :class:`~.service.Service`, so the
 slots, the queue's 503 and the speculative knobs apply as on OpenAI's routes. ``options`` map
 onto :class:`~pyramid_gguf.core.sampling.SamplingConfig` (``temperature``, ``top_k``,
-``top_p``, ``min_p``, ``seed``, ``num_predict``, ``stop``); an option that would change the
-answer and that we do not honour (penalties, mirostat, ``typical_p``, ``tfs_z``) is a 400
-unless it has its neutral value; load-time options (``num_ctx``, ``num_gpu``...) are the
-server's and ignored, as are names Ollama does not know (Ollama only warns of them).
+``top_p``, ``min_p``, ``typical_p``, the penalties ``repeat_penalty``, ``presence_penalty``,
+``frequency_penalty`` over the last ``repeat_last_n`` tokens, ``seed``, ``num_predict``,
+``stop``); an option that would change the answer and that we do not honour (``mirostat``,
+``tfs_z``) is a 400 unless it has its neutral value; load-time options (``num_ctx``,
+``num_gpu``...) are the server's and ignored, as are names Ollama does not know (Ollama only
+warns of them; ``penalize_newline`` too, which llama.cpp's samplers no longer have).
 ``format`` (``"json"`` or a JSON schema) is the answer's grammar; ``tools`` are answered as
 ``message.tool_calls`` with ``arguments`` as objects (the calls come whole in the last line of
 a stream). The speculative knobs (``mode``, ``l_d``...) and ``tool_choice`` are taken at the
@@ -21,8 +23,9 @@ last object carries Ollama's counts and durations (nanoseconds) and llama-server
 
 Errors are Ollama's shape, ``{"error": "..."}`` (a streamed one is a last line of that shape);
 the server's API key, when set, is checked here too. Ollama's model management (pull, push,
-create, copy, delete) and embeddings are a clear error: the server serves the ladder it
-loaded, and pyramid-gguf fetches models by its own names (``pyramid-gguf pull``).
+create, copy, delete) is a clear error: the server serves the ladder it loaded, and
+pyramid-gguf fetches models by its own names (``pyramid-gguf pull``). ``/api/embed`` and
+``/api/embeddings`` are :mod:`.embeddings`' (``serve --embedding-model``).
 """
 
 from __future__ import annotations
@@ -57,10 +60,6 @@ NDJSON = "application/x-ndjson"
 
 #: Options that change the answer and that we do not honour, with their neutral values.
 UNHONOURED: dict[str, tuple[Any, ...]] = {
-    "repeat_penalty": (1, 1.0),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "typical_p": (1, 1.0),
     "tfs_z": (1, 1.0),
     "mirostat": (0,),
 }
@@ -69,7 +68,7 @@ IGNORED = frozenset(
     {
         "numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
         "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread",
-        "num_keep", "repeat_last_n", "mirostat_tau", "mirostat_eta", "penalize_newline",
+        "num_keep", "mirostat_tau", "mirostat_eta", "penalize_newline",
     }
 )  # fmt: skip
 #: Options we map: name -> (the SamplingConfig field, the type it must have).
@@ -78,10 +77,15 @@ MAPPED: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "top_k": ("top_k", int),
     "top_p": ("top_p", (int, float)),
     "min_p": ("min_p", (int, float)),
+    "typical_p": ("typical_p", (int, float)),
+    "repeat_penalty": ("repeat_penalty", (int, float)),
+    "presence_penalty": ("presence_penalty", (int, float)),
+    "frequency_penalty": ("frequency_penalty", (int, float)),
+    "repeat_last_n": ("repeat_last_n", int),
     "seed": ("seed", int),
     "num_predict": ("max_tokens", int),
 }
-MANAGED = ("pull", "push", "create", "copy", "delete", "embed", "embeddings")
+MANAGED = ("pull", "push", "create", "copy", "delete")
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -137,7 +141,7 @@ def sampling_of(options: Any, base: SamplingConfig, num_ctx: int) -> SamplingCon
     except UserError as e:  # "--top-p must be in (0, 1]": name the option, not the flag
         flag = re.match(r"--([a-z-]+)", str(e))
         name = flag.group(1).replace("-", "_") if flag else ""
-        option = "num_predict" if name == "max_tokens" else name
+        option = {"max_tokens": "num_predict", "typical": "typical_p"}.get(name, name)
         message = f"option {option}{str(e)[flag.end() :]}" if flag else str(e)
         raise ApiError(400, message) from None
 
@@ -464,8 +468,6 @@ def routes(service: Service) -> APIRouter:
     def managed(action: str) -> Any:
         async def refuse(request: Request) -> HTTPResponse:
             what = f"pyramid-gguf does not manage models by Ollama name ({action})"
-            if action.startswith("embed"):
-                what = "embeddings are not served"
             return _error(
                 501,
                 f"{what}: this server serves the ladder it loaded, {service.model_name!r}; "

@@ -15,6 +15,8 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import metadata
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,6 +28,17 @@ from ..core.sampling import SamplingConfig
 from ..core.spec import SpecConfig
 from .errors import ApiError, validation_error
 from .schemas import ChatCompletionRequest
+
+
+@cache
+def system_fingerprint() -> str:
+    """``system_fingerprint``: llama-server's is ``b<build>-<commit>``; ours
+    ``b<version>-pyramid-gguf``, the server's version (answers may change with it)."""
+    try:
+        version = metadata.version("pyramid-gguf")
+    except metadata.PackageNotFoundError:
+        version = "0"
+    return f"b{version}-pyramid-gguf"
 
 
 def finish_reason(reason: str | None, called: bool = False) -> str:
@@ -119,6 +132,8 @@ class ResponseShape:
     created: int = field(default_factory=lambda: int(time.time()))
     #: Characters of text already sent (completions' ``text_offset``).
     sent: int = 0
+    #: Which of the request's ``n`` choices this is.
+    index: int = 0
 
     def __post_init__(self) -> None:
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -129,6 +144,7 @@ class ResponseShape:
             "object": obj,
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": system_fingerprint(),
             "choices": choices,
         }
 
@@ -159,9 +175,9 @@ class ResponseShape:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = list(tool_calls)
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            choice = {"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+        choice = {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return self._envelope("text_completion", [choice])
 
     def usage_chunk(self, stats: GenerationStats) -> dict[str, Any]:
@@ -207,14 +223,14 @@ class ResponseShape:
                 if calls:
                     body["tool_calls"] = [c.to_openai() for c in calls]
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": self.index,
                 "message": body,
                 "logprobs": lp,
                 "finish_reason": finish,
             }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+            choice = {"index": self.index, "text": text, "logprobs": lp, "finish_reason": finish}
             obj = "text_completion"
         return self._envelope(obj, [choice]) | {"usage": usage(stats), "timings": timings(stats)}
 

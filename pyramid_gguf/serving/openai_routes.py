@@ -1,7 +1,9 @@
 """OpenAI's routes: ``GET /v1/models``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (streamed as server-sent events when ``stream`` is true).
-:func:`register` adds the same handlers under another prefix (llama-server's unprefixed
-``/models``, ``/completions``, ``/chat/completions``: :mod:`.llama_server`).
+:func:`register` adds the same handlers for llama-server's dialect (its unprefixed ``/models``
+and ``/chat/completions``: :mod:`.llama_server`, whose ``/completions`` is its native one), which
+also refuses a chat ending in two assistant messages, as llama-server does. A prompt over a
+slot's context is a 400 before anything runs (:func:`check_context`).
 
 Bodies are parsed by :mod:`.schemas`, chats prepared by :meth:`Pyramid.prepare_chat
 <pyramid_gguf.api.Pyramid.prepare_chat>`, generations admitted by the :class:`~.service.Service`
@@ -10,7 +12,8 @@ and shaped by :mod:`.openai`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,21 +22,31 @@ from starlette.responses import Response as HTTPResponse
 
 from ..api import Job, Prompt, Response, TokenLogprob
 from ..chat import CallStream
-from .errors import ApiError, error_of
+from . import choices
+from .choices import ChoiceSubmit, Events
+from .errors import ApiError, context_exceeded, error_of
 from .jobs import ClientGone, Deliver, Reader
 from .openai import ResponseShape
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from .service import Service, Submit, event_stream, sse
+from .service import Service, event_stream, sse
 
 
 async def _events(
-    reader: Reader, first: Response, shape: ResponseShape, calls: CallStream | None
+    reader: Reader,
+    first: Response,
+    shape: ResponseShape,
+    calls: CallStream | None,
+    llama: bool = False,
 ) -> AsyncGenerator[str, None]:
     """The SSE body; leaving early (client gone) cancels the generation. With ``calls`` the
-    text is read as content and tool calls, streamed as ``delta.tool_calls``."""
+    text is read as content and tool calls, streamed as ``delta.tool_calls``. An error after
+    the headers went out is an ``error`` event (in llama-server's shape when ``llama``)."""
     try:
         if shape.chat:
-            yield sse(shape.chunk("", role=True))
+            role = shape.chunk("", role=True)
+            if llama:  # llama-server's role chunk has a null content, OpenAI's an empty one
+                role["choices"][0]["delta"]["content"] = None
+            yield sse(role)
         step: Response | None = first
         held: list[TokenLogprob] = []  # tokens whose text is held back (half a character)
         while step is not None:
@@ -63,7 +76,8 @@ async def _events(
                 held = []
             step = await reader.next()
     except Exception as e:  # an error after the headers went out: report it in the stream
-        yield sse(error_of(e).body())
+        error = error_of(e)
+        yield sse(error.llama_body() if llama else error.body())
     finally:
         reader.close()  # no-op once finished; stops the generation if the client left
     yield sse("[DONE]")
@@ -76,24 +90,52 @@ def routes(service: Service) -> APIRouter:
     return router
 
 
-def register(router: APIRouter, service: Service, prefix: str) -> None:
-    """Add OpenAI's three routes over ``service`` to ``router`` under ``prefix``."""
+def check_context(tokens: Sequence[int], n_ctx: int) -> None:
+    """A 400 (:func:`~.errors.context_exceeded`) when a prompt of ``tokens`` leaves no room in
+    a slot's ``n_ctx`` tokens."""
+    if len(tokens) >= n_ctx:
+        raise context_exceeded(len(tokens), n_ctx)
+
+
+def check_turns(messages: Sequence[dict[str, Any]]) -> None:
+    """llama-server's 400 for a chat ending in two assistant messages (it continues the last
+    one, and cannot continue two)."""
+    roles = [m.get("role") for m in messages[-2:]]
+    if roles == ["assistant", "assistant"]:
+        raise ApiError(
+            400,
+            "Cannot have 2 or more assistant messages at the end of the list.",
+            param="messages",
+        )
+
+
+def register(router: APIRouter, service: Service, prefix: str, *, llama: bool = False) -> None:
+    """Add OpenAI's three routes over ``service`` to ``router`` under ``prefix``; ``llama``:
+    llama-server's dialect, only ``/models`` and ``/chat/completions``."""
     pyramid = service.pyramid
     settings = service.settings
+    n_ctx = min(m.n_ctx for m in pyramid.ladder.models)
 
     async def answer(
         request: Request,
         body: GenerationRequest,
         shape: ResponseShape,
-        submit: Submit,
-        calls: CallStream | None = None,
+        submit: ChoiceSubmit,
+        reader_of: Callable[[], CallStream | None] = lambda: None,
     ) -> HTTPResponse:
-        admitted = await service.admit(request, submit)
+        if body.n > 1:
+            events: Events = partial(_events, llama=llama)
+            n, stream = body.n, body.stream
+            return await choices.answer(
+                service, request, n, stream, shape, submit, reader_of, events
+            )
+        calls = reader_of()
+        admitted = await service.admit(request, lambda deliver: submit(deliver, 0))
         if admitted is None:
             return HTTPResponse(status_code=499)
         reader, first = admitted
         if body.stream:
-            return event_stream(_events(reader, first, shape, calls))
+            return event_stream(_events(reader, first, shape, calls, llama))
         try:
             steps = await service.collect(request, reader, first)
         except ClientGone:
@@ -117,12 +159,16 @@ def register(router: APIRouter, service: Service, prefix: str) -> None:
     async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
         sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
         prompt: Prompt = body.prompt  # type: ignore[assignment]
-        if not isinstance(prompt, str):
+        if isinstance(prompt, str):
+            prompt = pyramid.tokenize(prompt)
+        else:
             _check_token_ids(prompt, pyramid.ladder.target.n_vocab)
+        check_context(prompt, n_ctx)
         top = body.top_logprobs()
 
-        def submit(deliver: Deliver) -> Job:
-            return pyramid.submit(prompt, sampling, spec, deliver=deliver, logprobs=top)
+        def submit(deliver: Deliver, choice: int) -> Job:
+            sampled = choices.seeded(sampling, choice)
+            return pyramid.submit(prompt, sampled, spec, deliver=deliver, logprobs=top)
 
         shape = ResponseShape(
             chat=False,
@@ -135,14 +181,17 @@ def register(router: APIRouter, service: Service, prefix: str) -> None:
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
         sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
         messages = [m.as_dict() for m in body.messages]
+        if llama:
+            check_turns(messages)
         tools = body.tool_request()
         top = body.top_logprobs()
         chat = pyramid.prepare_chat(messages, sampling, tools, settings.chat_template)
+        check_context(chat.tokens, n_ctx)
 
-        def submit(deliver: Deliver) -> Job:
+        def submit(deliver: Deliver, choice: int) -> Job:
             return pyramid.submit(
-                chat.tokens, chat.sampling, spec, deliver=deliver, logprobs=top,
-                special=chat.special,
+                chat.tokens, choices.seeded(chat.sampling, choice), spec, deliver=deliver,
+                logprobs=top, special=chat.special,
             )  # fmt: skip
 
         shape = ResponseShape(
@@ -151,10 +200,11 @@ def register(router: APIRouter, service: Service, prefix: str) -> None:
             include_usage=body.include_usage,
             logprobs=top is not None,
         )
-        return await answer(request, body, shape, submit, chat.reader())
+        return await answer(request, body, shape, submit, chat.reader)
 
     router.add_api_route(f"{prefix}/models", models, methods=["GET"])
-    router.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+    if not llama:
+        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
     router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
 
 

@@ -13,14 +13,14 @@ Nothing here loads native code.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..chat import ToolRequest, parse_tool_request
 from ..core.errors import UserError
 from ..core.grammar import Grammar
-from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
+from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig, parse_logit_bias, parse_samplers
 from ..core.spec import SPEC_KNOBS, SpecConfig
 from ..core.textstream import encode_utf8
 from ..grammar import check_grammar
@@ -46,30 +46,47 @@ def _utf8(text: str) -> str:
 #: Fields that change the answer and that we do not honour, with the value that changes
 #: nothing (sent by many clients as a default) and what to say instead.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "logit_bias": ((None, {}), "logit_bias is not supported"),
-    "presence_penalty": ((None, 0, 0.0), "presence_penalty is not supported (send 0)"),
-    "frequency_penalty": ((None, 0, 0.0), "frequency_penalty is not supported (send 0)"),
-    "repeat_penalty": ((None, 1, 1.0), "repeat_penalty is not supported (send 1)"),
-    "typical_p": ((None, 1, 1.0), "typical_p is not supported (send 1)"),
-    "mirostat": ((None, 0), "mirostat is not supported (send 0)"),
+    "mirostat": (
+        (None, 0),
+        "mirostat is not supported (send 0): it adapts its target from each sampled token's "
+        "surprise, a state and not a warp of the position, so a speculative verifier would have "
+        "to replay it per accepted token",
+    ),
     "best_of": ((None, 1), "best_of is not supported: one completion per request"),
     "echo": ((None, False), "echo is not supported"),
     "suffix": ((None, ""), "suffix (fill-in-the-middle) is not supported"),
     "functions": ((None, []), "functions is the old form of tools: send tools"),
     "function_call": ((None,), "function_call is the old form of tool_choice: send tool_choice"),
-    # llama-server's sampler fields we do not run (each changes the distribution the answer is
-    # drawn from; the speculative rules would stay lossless under any warp every tier shares,
-    # but we have not written these warps)
-    "dry_multiplier": ((None, 0, 0.0), "dry_multiplier (DRY repetition penalty) is not supported"),
-    "xtc_probability": ((None, 0, 0.0), "xtc_probability (XTC sampling) is not supported"),
-    "top_n_sigma": ((None, -1, -1.0), "top_n_sigma is not supported (send -1)"),
-    "dynatemp_range": ((None, 0, 0.0), "dynatemp_range (dynamic temperature) is not supported"),
-    "samplers": ((None,), "samplers (a sampler order) is not supported"),
-    "n_probs": ((None, 0), "n_probs is not supported: send logprobs (and top_logprobs)"),
+    "n_probs": ((None, 0), "n_probs is /completion's: here send logprobs (and top_logprobs)"),
     "continue_final_message": ((None, False), "continue_final_message is not supported"),
     "n_indent": ((None, 0), "n_indent is not supported"),
     "t_max_predict_ms": ((None, 0), "t_max_predict_ms is not supported"),
 }
+
+
+#: llama.cpp's sampler fields beyond temperature, top-k, top-p and min-p, as SamplingConfig
+#: names them.
+_CHAIN_FIELDS = (
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+)
+
+
+#: Most choices (``n``) one completion or chat completion may ask for (OpenAI's limit); each is
+#: its own generation in the slots' queue (:mod:`.choices`).
+MAX_CHOICES = 128
 
 
 class StreamOptions(BaseModel):
@@ -97,6 +114,27 @@ class GenerationRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = None
     min_p: float | None = Field(None, ge=0, le=1)
+    # llama.cpp's other samplers (SamplingConfig checks their ranges: a 400 naming the flag)
+    typical_p: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    #: Texts a repetition is not followed across (llama-server's: a non-empty list).
+    dry_sequence_breakers: list[str] | None = Field(None, min_length=1)
+    #: OpenAI's ``{"token id": bias}`` or llama-server's ``[[id, bias], ...]``.
+    logit_bias: Any = None
+    #: llama-server's sampler order: a list of names or a string of one-letter codes.
+    samplers: Any = None
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
@@ -107,11 +145,16 @@ class GenerationRequest(BaseModel):
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
 
+    #: Most choices (``n``) a request may ask for: one, except where a route fans out.
+    max_choices: ClassVar[int] = 1
+
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
+    def _choices(cls, n: int) -> int:
+        if cls.max_choices == 1 and n != 1:
+            raise ValueError("only n=1 is supported here (n > 1: /v1/chat/completions)")
+        if not 1 <= n <= cls.max_choices:
+            raise ValueError(f"n must be from 1 to {cls.max_choices}")
         return n
 
     @property
@@ -139,6 +182,7 @@ class GenerationRequest(BaseModel):
                 ("top_p", self.top_p),
                 ("top_k", self.top_k),
                 ("min_p", self.min_p),
+                *((name, getattr(self, name)) for name in _CHAIN_FIELDS),
                 ("seed", self.seed),
                 ("max_tokens", self.token_limit()),
                 ("ignore_eos", self.ignore_eos),
@@ -147,6 +191,15 @@ class GenerationRequest(BaseModel):
         }
         if self.stop is not None:
             changes["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if self.dry_sequence_breakers is not None:
+            changes["dry_sequence_breakers"] = tuple(self.dry_sequence_breakers)
+        for name, parse in (("logit_bias", parse_logit_bias), ("samplers", parse_samplers)):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    changes[name] = parse(value)
+                except UserError as e:
+                    raise ApiError(400, str(e), param=name) from None
         grammar = self.grammar_config()
         if grammar is not None:
             changes["grammar"] = grammar
@@ -225,6 +278,7 @@ class CompletionRequest(GenerationRequest):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    max_choices: ClassVar[int] = MAX_CHOICES
 
     def top_logprobs(self) -> int | None:
         return self.logprobs
@@ -281,6 +335,7 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    max_choices: ClassVar[int] = MAX_CHOICES
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None

@@ -5,32 +5,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..chat.named import NAMED_TEMPLATES
 from ..core.errors import UserError
 from ..core.sampling import SamplingConfig
 from ..core.spec import SpecConfig
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-#: Named chat formats for ``--chat-format`` (a Jinja file or template text works too).
-CHAT_FORMATS: dict[str, str] = {"chatml": CHATML_TEMPLATE}
 
-
-def resolve_chat_format(value: str | None) -> str | None:
-    """A Jinja chat template from a format name, a template file or template text."""
+def resolve_chat_format(value: str | None, flag: str = "--chat-template") -> str | None:
+    """A Jinja chat template from one of llama.cpp's template names (``chatml``, ``llama3``,
+    ``gemma``...: :mod:`~pyramid_gguf.chat.named`), a template file or template text; anything
+    else a one-line UserError listing the names."""
     if value is None:
         return None
-    if value in CHAT_FORMATS:
-        return CHAT_FORMATS[value]
+    if value in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[value]
     if "{%" in value or "{{" in value:
         return value
     path = Path(value).expanduser()
     if path.is_file():
-        return path.read_text(encoding="utf-8")
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{flag}: cannot read {path}: {e}") from None
     raise UserError(
-        f"unknown chat format {value!r}: give one of {', '.join(CHAT_FORMATS)}, "
-        "a Jinja template file or template text"
+        f"{flag}: unknown chat format {value!r} (neither a file nor Jinja text): known names "
+        f"are {', '.join(NAMED_TEMPLATES)}"
     )
 
 

@@ -191,7 +191,7 @@ class Generation:
         if self.rows is not None:  # the target's row of every committed token, in order
             self.scheduler.runner.keep_rows = True
             self.rows.append(row)
-        return [self.sampler.pick(row)]
+        return [self.sampler.pick(self.sampler.prepare(self.prompt, row))]
 
     def _emit(self, new: Sequence[int]) -> list[int]:
         """Commit ``new`` up to ``max_tokens``, ending at an end-of-generation token, or where a

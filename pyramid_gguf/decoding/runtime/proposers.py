@@ -101,10 +101,11 @@ class DraftProposer:
                 if not self.admit(tops):
                     tops.pop()
                     break
+            w = self.sampler.prepare([*context, *tokens], z)  # bias, penalties: this prefix
             if self.sampler.greedy:
-                y = int(np.argmax(z))  # q is one-hot: the block is deterministic
+                y = int(np.argmax(w))  # q is one-hot: the block is deterministic
             else:
-                q = self.sampler.warp(z)
+                q = self.sampler.warp(w)
                 y = self.sampler.sample(q)
                 qs.append(q)
             tokens.append(y)

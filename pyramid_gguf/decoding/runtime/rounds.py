@@ -115,7 +115,7 @@ class RoundRunner:
             row = self.guide.mask(committed, row)
         if self.keep_rows:
             self._rows.append(row)
-        return [self.sampler.pick(row)]
+        return [self.sampler.pick(self.sampler.prepare(committed, row))]
 
     def forced_tokens(self, committed: Sequence[int], room: int) -> list[int]:
         """The tokens the grammar forces after ``committed`` (at most ``room``): free drafts."""

@@ -7,9 +7,15 @@ proposer's ``q`` and the verifier's ``p`` are comparable (mlx-lm's ``make_sample
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Protocol
+
 import numpy as np
 
 from ...core.sampling import SamplingConfig
+from . import warps
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -37,51 +43,43 @@ def top_ids(values: np.ndarray, n: int) -> np.ndarray:
 
 
 def warp(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
-    """Warped distributions of raw logits: temperature, top-k, top-p, min-p, renormalised.
+    """Warped distributions of raw logits after an empty history: llama.cpp's chain
+    (``logit_bias``, then ``cfg.samplers``: :mod:`.warps`), renormalised.
 
     ``logits``: ``[n, V]`` (or ``[V]``). Returns float64 probabilities of the same shape.
     Temperature 0 gives one-hot rows on the argmax (lowest id on ties).
     """
     z = np.asarray(logits, dtype=np.float64)
-    squeeze = z.ndim == 1
-    z = np.atleast_2d(z)
-    n, vocab = z.shape
-    out = np.zeros_like(z)
-    if cfg.temperature == 0:
-        out[np.arange(n), np.argmax(z, axis=-1)] = 1.0
-        return out[0] if squeeze else out
-    z = z / cfg.temperature
-    k = cfg.top_k if 0 < cfg.top_k < vocab else vocab
-    needs_order = k < vocab or cfg.top_p < 1.0
-    if not needs_order:
-        probs = softmax(z)
-        if cfg.min_p > 0:
-            probs = _min_p(probs, cfg.min_p)
-        return probs[0] if squeeze else probs
-    if k < vocab:
-        cand = np.argpartition(-z, k - 1, axis=-1)[:, :k]  # [n, k], unordered
-    else:
-        cand = np.broadcast_to(np.arange(vocab), (n, vocab))
-    vals = np.take_along_axis(z, cand, axis=-1)
-    # Descending by value, ascending id on ties: deterministic at every tier.
-    order = np.lexsort((cand, -vals), axis=-1)
-    cand = np.take_along_axis(cand, order, axis=-1)
-    probs = softmax(np.take_along_axis(vals, order, axis=-1))  # [n, k], sorted descending
-    if cfg.top_p < 1.0:
-        # Keep the smallest prefix whose mass reaches top_p (a relative epsilon absorbs
-        # rounding, so a prefix summing to exactly top_p is not extended by one token).
-        before = np.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
-        probs = np.where(before < cfg.top_p * (1 - 1e-9), probs, 0.0)
-    probs = _min_p(probs, cfg.min_p) if cfg.min_p > 0 else probs / probs.sum(-1, keepdims=True)
-    np.put_along_axis(out, cand, probs, axis=-1)
-    return out[0] if squeeze else out
+    out = warps.finish(warps.adjust(z, cfg), cfg)
+    return out[0] if z.ndim == 1 else out
 
 
-def _min_p(probs: np.ndarray, min_p: float) -> np.ndarray:
-    """Drop tokens under ``min_p`` times the row's top probability, renormalise. ``[n, *]``."""
-    keep = probs >= min_p * probs.max(axis=-1, keepdims=True)
-    kept = np.where(keep, probs, 0.0)
-    return kept / kept.sum(axis=-1, keepdims=True)
+class BreakerVocab(Protocol):
+    """What DRY's breaker table reads of a vocabulary (:class:`~pyramid_gguf.native.Vocab`)."""
+
+    def pieces(self) -> Sequence[bytes]:
+        """Each token detokenized alone, special text included. ``[V]``."""
+        ...
+
+    def tokenize_bytes(self, data: bytes) -> list[int]:
+        """Token ids of raw bytes, without BOS, special tokens not parsed."""
+        ...
+
+
+_TABLES: weakref.WeakKeyDictionary[BreakerVocab, dict[tuple[str, ...], warps.Breakers]] = (
+    weakref.WeakKeyDictionary()
+)
+_TABLES_LOCK = threading.Lock()
+
+
+def breakers_of(vocab: BreakerVocab, texts: tuple[str, ...]) -> warps.Breakers:
+    """DRY's breaker table of ``texts`` in ``vocab`` (:func:`.warps.breaker_table`), built once
+    per vocabulary and breaker set (it reads every token)."""
+    with _TABLES_LOCK:
+        tables = _TABLES.setdefault(vocab, {})
+        if texts not in tables:
+            tables[texts] = warps.breaker_table(vocab.pieces(), vocab.tokenize_bytes, texts)
+        return tables[texts]
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
@@ -98,26 +96,62 @@ class Sampler:
     """The warp and the random stream of one generation, built once and shared by every tier.
 
     Seeded from ``cfg.seed`` (None: fresh entropy), so a seeded generation is reproducible.
+    A row is warped in two steps: :meth:`prepare` where its prefix is known (``logit_bias``
+    and the samplers that read the prefix, the repetition penalties and DRY), then
+    :meth:`warp` (the samplers of the row alone). Every tier prepares each row with that row's
+    own prefix, the proposed tokens before it included, so ``p`` and ``q`` stay comparable.
+    DRY's sequence breakers are found in ``vocab`` (the target's), which DRY with breakers
+    needs.
     """
 
-    def __init__(self, cfg: SamplingConfig, rng: np.random.Generator | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SamplingConfig,
+        rng: np.random.Generator | None = None,
+        vocab: BreakerVocab | None = None,
+    ) -> None:
         self.cfg = cfg
         self.rng = rng if rng is not None else np.random.default_rng(cfg.seed)
+        self.breakers: warps.Breakers = {}
+        if warps.dry_on(cfg) and cfg.dry_sequence_breakers:
+            if vocab is None:
+                raise ValueError("DRY's sequence breakers need the vocabulary")
+            self.breakers = breakers_of(vocab, cfg.dry_sequence_breakers)
+        self._greedy = warps.is_greedy(cfg)
+        self._adjusts = bool(cfg.logit_bias) or warps.split(cfg) > 0
 
     @property
     def greedy(self) -> bool:
-        """Temperature 0: every choice is the argmax (lowest id on ties)."""
-        return self.cfg.temperature == 0
+        """Every choice is the argmax of the prepared row (lowest id on ties)."""
+        return self._greedy
+
+    def prepare(
+        self, context: Sequence[int], logits: np.ndarray, drafted: Sequence[int] = ()
+    ) -> np.ndarray:
+        """Rows ``[n, V]`` (or one ``[V]``) after ``logit_bias`` and the samplers that read the
+        prefix; row ``i`` follows ``context + drafted[:i]`` (the shape of a verification:
+        ``[last, y_1..y_k]`` scored after ``context``). Returned as given when none is on."""
+        if not self._adjusts:
+            return logits
+        z = np.asarray(logits)
+        rows = np.atleast_2d(z)
+        base = list(context)
+        histories = [base + list(drafted[:i]) for i in range(len(rows))]
+        out = warps.adjust(rows, self.cfg, histories, self.breakers)
+        return out[0] if z.ndim == 1 else out
 
     def pick(self, logits: np.ndarray) -> int:
-        """The next token from one row of raw logits ``[V]`` (argmax when greedy)."""
+        """The next token from one prepared row ``[V]`` (argmax when greedy)."""
         if self.greedy:
             return int(np.argmax(logits))
-        return sample(warp(logits, self.cfg), self.rng)
+        return sample(self.warp(logits), self.rng)
 
     def warp(self, logits: np.ndarray) -> np.ndarray:
-        """:func:`warp` with this generation's config. ``[n, V] -> [n, V]`` (or ``[V]``)."""
-        return warp(logits, self.cfg)
+        """Probabilities of prepared rows: the rest of the chain. ``[n, V] -> [n, V]`` (or
+        ``[V]``)."""
+        z = np.asarray(logits, dtype=np.float64)
+        out = warps.finish(np.atleast_2d(z), self.cfg)
+        return out[0] if z.ndim == 1 else out
 
     def sample(self, probs: np.ndarray) -> int:
         """One token id from a warped distribution ``[V]``."""

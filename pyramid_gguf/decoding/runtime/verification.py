@@ -110,13 +110,14 @@ def verify(
     z = verifier.score(context, block.tokens)  # [k + 1, V]
     if guide is not None:
         z = guide.mask(context, z, block.tokens)
+    warped = sampler.prepare(context, z, block.tokens)  # each row after its own prefix
     tokens = np.asarray(block.tokens, dtype=np.int64)
     if sampler.greedy and rule.kind != "fuzzy":  # every lossless rule is token matching
-        outcome = greedy(tokens, z)
+        outcome = greedy(tokens, warped)
         n = outcome.n_accepted
         _record(stats, len(block.tokens), n, forced)
         return Verified([*block.tokens[:n], outcome.token], None, z[: n + 1], n)
-    p = sampler.warp(z)
+    p = sampler.warp(warped)
     q = block.q  # None: a deterministic proposer (one-hot)
     if rule.kind == "greedy-match":
         outcome = greedy_match(tokens, p, rng)
