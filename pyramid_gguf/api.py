@@ -140,7 +140,8 @@ class Pyramid:
     slow (or reads two streams in turn) holds up nobody; closing a stream (or
     :meth:`Job.cancel`) ends its generation at the next token.
     ``share_ngrams``: the n-gram drafter also searches this object's earlier generations (the
-    server turns it on).
+    server turns it on). :attr:`template_kwargs`: variables every chat template render gets
+    (``serve --chat-template-kwargs``), under a request's own.
     """
 
     def __init__(
@@ -159,6 +160,7 @@ class Pyramid:
         self.slots = SlotPool(ladder)
         self._calibration: dict[str, Calibration] | None = None
         self._calibrating = threading.Lock()
+        self.template_kwargs: dict[str, Any] = {}
 
     # --- construction ----------------------------------------------------------------------
 
@@ -334,10 +336,12 @@ class Pyramid:
         *,
         tools: Sequence[Tool] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text of a chat (OpenAI messages, tool calls and results included) and
         ``tools``, rendered by :meth:`template` (the assistant's turn opened unless
-        ``add_generation_prompt`` is false)."""
+        ``add_generation_prompt`` is false; ``template_kwargs``, a request's
+        ``chat_template_kwargs``, set template variables such as ``enable_thinking``)."""
         vocab = self.ladder.target.vocab
         return self.template(chat_template).render(
             messages,
@@ -345,6 +349,7 @@ class Pyramid:
             add_generation_prompt=add_generation_prompt,
             bos_token=vocab.token_text(vocab.bos),
             eos_token=vocab.token_text(vocab.eos),
+            kwargs={**self.template_kwargs, **(template_kwargs or {})},
         )
 
     def chat_tokens(
@@ -353,9 +358,13 @@ class Pyramid:
         chat_template: str | None = None,
         *,
         tools: Sequence[Tool] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of a templated chat (BOS once, special tokens parsed)."""
-        tokens = self.tokenize(self.apply_chat_template(messages, chat_template, tools=tools))
+        text = self.apply_chat_template(
+            messages, chat_template, tools=tools, template_kwargs=template_kwargs
+        )
+        tokens = self.tokenize(text)
         bos = self.ladder.target.vocab.bos
         if len(tokens) > 1 and tokens[0] == bos and tokens[1] == bos:
             tokens = tokens[1:]
@@ -367,10 +376,12 @@ class Pyramid:
         sampling: SamplingConfig | None = None,
         tools: ToolRequest | None = None,
         chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> ChatPrompt:
         """A chat turn ready to :meth:`submit`, whatever API it came through: ``messages``
         (OpenAI's shape, tool calls and results included) rendered by :meth:`template` with the
-        tools to show, and the answer's sampling: ``sampling`` (its grammar, a response format,
+        tools to show (and ``template_kwargs``, :meth:`apply_chat_template`'s), and the answer's
+        sampling: ``sampling`` (its grammar, a response format,
         included) or, with ``tools``, the calls' grammar (``tool_choice`` required or a named
         function: the answer is calls whose arguments match the tool's schema) or lazy
         triggers (``auto``: free text until the model opens a call). ``tool_choice: "none"``
@@ -393,7 +404,9 @@ class Pyramid:
             if found is not None:
                 sampling = sampling.with_(grammar=found.grammar, triggers=found.triggers)
             shown = tools.tools
-        tokens = self.chat_tokens(messages, chat_template, tools=shown)
+        tokens = self.chat_tokens(
+            messages, chat_template, tools=shown, template_kwargs=template_kwargs
+        )
         controls = self.control_texts if calls is not None else frozenset()
         return ChatPrompt(tokens, sampling, calls, controls)
 

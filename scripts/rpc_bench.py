@@ -128,6 +128,8 @@ def ours(
             for mode in out:
                 r = p.generate(tokens, sampling, SpecConfig(mode=mode))
                 out[mode].append(r.stats.generation_tps)
+                if args.verbose:
+                    print(f"    {mode}: {r.stats.summary()}", file=sys.stderr)
     return out, texts
 
 
@@ -143,11 +145,13 @@ def main() -> None:
     ap.add_argument("-n", "--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=2, help="prompts per set")
+    ap.add_argument("--sets", default="edit,qa", help="prompt sets (edit: answers copy)")
     ap.add_argument("--peer-n-max", default="3,8", help="llama.cpp's draft lengths tried")
     ap.add_argument("--peer-home", type=Path, default=Path.home() / ".cache/llama-peer")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("-v", "--verbose", action="store_true", help="each generation's stats line")
     args = ap.parse_args()
-    sets = {s: load_prompt_sets([s])[: args.prompts] for s in ("edit", "qa")}
+    sets = {s: load_prompt_sets([s])[: args.prompts] for s in args.sets.split(",")}
     port = free_port()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as cache:
@@ -179,7 +183,7 @@ def main() -> None:
 
 def report(row: dict[str, Any]) -> None:
     print(f"one-way delay {row['delay_ms']:g} ms: llama-bench tg over RPC {row['peer_plain']:.2f}")
-    for name in ("edit", "qa"):
+    for name in (k for k in row if isinstance(row[k], dict)):
         r = row[name]
         t, a, s = geomean(r["target"]), geomean(r["auto"]), geomean(r["peer_spec"])
         print(

@@ -4,6 +4,7 @@ normalised as Hugging Face templates need; template failures are one-line user e
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 from typing import Any
@@ -191,7 +192,7 @@ def test_bad_messages_are_user_errors(messages: list[dict[str, Any]], says: str)
     [
         ("{% for m in messages %}{{ m.content }}", "does not compile"),
         ("{{ raise_exception('no system role,\nsorry') }}", "no system role, sorry"),
-        ("{{ messages[0].content + none }}", "chat template failed"),
+        ("{{ messages[0].content + 1 }}", "chat template failed"),
         ("{% set x = [] %}{{ x.append(1) }}", "chat template failed"),  # immutable sandbox
         ("{{ ''.__class__.__mro__ }}", "chat template failed"),
     ],
@@ -219,6 +220,24 @@ def test_the_helpers_hugging_face_templates_call() -> None:
             "4<BOS><EOS>",
         ]
     )
+
+
+def test_the_context_is_llama_servers_and_kwargs_override_it() -> None:
+    """llama-server's variables: thinking on, today's date two ways; a request's
+    ``chat_template_kwargs`` override them but never the messages."""
+    source = "{{ enable_thinking }}|{{ date_string }}|{{ datetime }}|{{ messages | length }}"
+    template = ChatTemplate(source, "test")
+    today = datetime.date.today()
+    assert render(template, []) == f"True|{today:%d %b %Y}|{today:%b %d %Y}|0"
+    kwargs = {"enable_thinking": False, "date_string": "x", "messages": [1, 2]}
+    out = template.render([], bos_token="", eos_token="", kwargs=kwargs)
+    assert out == f"False|x|{today:%b %d %Y}|0"
+
+
+def test_strings_join_an_undefined_or_none_value_as_llama_cpp() -> None:
+    """firefunction's template adds an undefined ``functions`` to its system prompt."""
+    source = "{{ 'a' + functions + 'b' }}|{{ none + 'c' }}|{{ 1 + 2 }}"
+    assert render(ChatTemplate(source, "test"), []) == "ab|c|3"
 
 
 def test_templates_compile_once() -> None:

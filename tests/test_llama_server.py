@@ -7,8 +7,10 @@ as ``Authorization: Bearer`` or ``X-Api-Key`` on every route but ``/health`` and
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,30 +221,40 @@ PREFLIGHT = {
 
 
 def test_a_browser_page_may_call_any_route_by_default(live: Live) -> None:
-    """llama-server's default: any origin. A preflight needs no key (browsers send none)."""
+    """llama-server's default: any origin, echoed, with credentials. A preflight needs no key
+    (browsers send none) and names llama-server's methods and any header."""
     for path in ("/v1/chat/completions", "/chat/completions", "/tokenize"):
         r = httpx.options(f"{live.url}{path}", headers=PREFLIGHT)
         assert r.status_code == 200, (path, r.text)
-        assert r.headers["access-control-allow-origin"] == "*"
-        assert "POST" in r.headers["access-control-allow-methods"]
-        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        assert r.headers["access-control-allow-origin"] == "https://page.example"
+        assert r.headers["access-control-allow-credentials"] == "true"
+        assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        assert r.headers["access-control-allow-headers"] == "*"
+        # llama-server's capitals: its own tests look the names up in a plain dict
+        assert (b"Access-Control-Allow-Origin", b"https://page.example") in r.headers.raw
     origin = {"Origin": "https://page.example"}
     r = httpx.get(f"{live.url}/props", headers={**AUTH, **origin})
-    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "https://page.example"
     denied = httpx.get(f"{live.url}/props", headers=origin)  # the 401 is readable by the page
-    assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "*"
+    assert denied.status_code == 401
+    assert denied.headers["access-control-allow-origin"] == "https://page.example"
+    assert "access-control-allow-origin" not in httpx.get(f"{live.url}/props", headers=AUTH).headers
 
 
 def test_cors_origins_limit_the_pages_or_turn_cors_off(tiny_target: Path) -> None:
     pyramid = Pyramid.from_paths(tiny_target, load=TINY_LOAD, name="tiny")
     with pyramid:
-        only = ServerSettings(cors_origins=("https://page.example",))
+        only = ServerSettings(cors_origins=("https://page.example", "localhost"))
         with live_server(pyramid, only) as live:
             ok = httpx.options(f"{live.url}/v1/models", headers=PREFLIGHT)
             assert ok.headers["access-control-allow-origin"] == "https://page.example"
-            other = {**PREFLIGHT, "Origin": "https://evil.example"}
-            r = httpx.options(f"{live.url}/v1/models", headers=other)
-            assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+            for local in ("http://localhost:8080", "http://127.0.0.1", "http://[::1]:3000"):
+                r = httpx.options(f"{live.url}/v1/models", headers={**PREFLIGHT, "Origin": local})
+                assert r.headers["access-control-allow-origin"] == local
+            for other in ("https://evil.example", "http://localhost.evil.com", "localhost"):
+                r = httpx.options(f"{live.url}/v1/models", headers={**PREFLIGHT, "Origin": other})
+                assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
         with live_server(pyramid, ServerSettings(cors_origins=())) as live:
             r = httpx.options(f"{live.url}/v1/models", headers=PREFLIGHT)
             assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
@@ -552,7 +564,9 @@ def test_the_suites_shim_maps_llama_servers_flags_or_refuses_them(tmp_path: Path
     assert args[:2] == ["--target", model] and pairs["--parallel"] == "2"
     assert "--ctx-size" in args and args[args.index("--ctx-size") + 1] == "256"  # per slot
     assert args[args.index("--temp") + 1] == "0.8" and "--flash-attn" in args
-    assert "--no-jinja" not in args and "--metrics" not in args
+    assert "--no-jinja" not in args and "--metrics" in args and "--no-metrics" not in args
+    quiet = shim.translate(["--model", model, "--no-slots", "--reasoning", "on"])
+    assert "--no-metrics" in quiet and "--no-slots" in quiet  # llama-server's defaults
     for refused in (["--context-shift"], ["--lora", "x"], ["--alias", "a,b"], ["--embedding"]):
         with pytest.raises(shim.Refused):
             shim.translate(["--model", model, *refused])
@@ -603,3 +617,110 @@ def test_native_timings_are_numbers_and_the_speculation_stands_beside(live: Live
             timings["predicted_ms"] / 4, abs=1e-3
         )
         assert out["speculative"]["mode"] == "sd" and out["speculative"]["stages"]
+
+
+# --- /metrics and /slots as llama-server serves them --------------------------------------------
+
+
+def _prometheus(text: str) -> dict[str, tuple[str, float]]:
+    """``{name: (type, value)}`` of a Prometheus text body's unlabelled samples."""
+    types, out = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line and not line.startswith("#") and "{" not in line:
+            name, value = line.split(" ", 1)
+            out[name] = (types[name], float(value))
+    return out
+
+
+def test_metrics_carry_llama_servers_names_and_start_time(live: Live) -> None:
+    before = _prometheus(httpx.get(f"{live.url}/metrics").text)
+    prompt = "the quick brown fox jumps over the lazy dog"
+    answers = [complete(live, prompt=prompt, n_predict=3, temperature=0) for _ in range(2)]
+    r = httpx.get(f"{live.url}/metrics")
+    assert r.status_code == 200 and 0 < int(r.headers["Process-Start-Time-Unix"]) <= time.time()
+    assert b"Process-Start-Time-Unix" in dict(r.headers.raw)  # llama-server's capitals
+    after = _prometheus(r.text)
+
+    def grew(name: str) -> float:
+        return after[name][1] - before.get(name, ("", 0.0))[1]
+
+    timings = [a["timings"] for a in answers]
+    assert grew("llamacpp:tokens_predicted_total") == sum(t["predicted_n"] for t in timings)
+    assert grew("llamacpp:prompt_tokens_total") == sum(t["prompt_n"] for t in timings)
+    assert grew("llamacpp:prompt_tokens_cached_total") == sum(t["cache_n"] for t in timings) > 0
+    assert after["llamacpp:prompt_tokens_total"] == after["pyramid_gguf:prompt_tokens_total"]
+    assert after["llamacpp:predicted_tokens_seconds"][0] == "gauge"
+    assert after["llamacpp:predicted_tokens_seconds"][1] > 0
+    assert after["llamacpp:requests_processing"] == ("gauge", 0.0)
+
+
+def test_metrics_and_slots_can_be_turned_off_as_llama_server(tiny_target: Path) -> None:
+    pyramid = Pyramid.from_paths(tiny_target, load=TINY_LOAD, name="tiny")
+    with pyramid, live_server(pyramid, ServerSettings(metrics=False, slots=False)) as live:
+        for path in ("/metrics", "/slots"):
+            r = httpx.get(f"{live.url}{path}")
+            assert r.status_code == 501, (path, r.text)
+            assert "off" in r.json()["error"]["message"]
+        assert httpx.get(f"{live.url}/health").status_code == 200
+
+
+def test_serve_turns_metrics_and_slots_on_or_off() -> None:
+    from click.testing import CliRunner
+
+    from pyramid_gguf.cli.serve import serve
+
+    help_text = CliRunner().invoke(serve, ["--help"]).output
+    assert "--metrics / --no-metrics" in help_text and "--slots / --no-slots" in help_text
+
+
+# --- chat templates rendered with llama-server's context ----------------------------------------
+
+THINKING = (
+    "{{ messages[0].content }}|{{ date_string }}|{{ datetime }}|"
+    "{% if enable_thinking %}<think>{% else %}<think></think>{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template(tiny_target: Path) -> None:
+    pyramid = Pyramid.from_paths(tiny_target, load=TINY_LOAD, name="tiny")
+    settings = ServerSettings(chat_template=THINKING, sampling=SamplingConfig(max_tokens=1))
+    # serve --chat-template-kwargs: every render's, under a request's own
+    quiet = ServerSettings(chat_template=THINKING, chat_template_kwargs={"enable_thinking": False})
+    with pyramid:
+        with live_server(pyramid, settings) as live:
+            prompt = post(live, "/apply-template", {"messages": MESSAGES}, {}).json()["prompt"]
+            today = datetime.date.today()
+            assert prompt.startswith(f"What is today?|{today:%d %b %Y}|{today:%b %d %Y}|")
+            assert prompt.endswith("|<think>")  # thinking on, as llama-server renders by default
+
+            def prompt_tokens(**extra: Any) -> int:
+                body = {"messages": MESSAGES, "max_tokens": 1, **extra}
+                r = post(live, "/v1/chat/completions", body, {})
+                assert r.status_code == 200, r.text
+                return int(r.json()["usage"]["prompt_tokens"])
+
+            on = prompt_tokens()
+            off = prompt_tokens(chat_template_kwargs={"enable_thinking": False})
+            assert off > on  # "<think></think>" is longer than "<think>"
+            assert prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == on
+            wrong = {"messages": MESSAGES, "chat_template_kwargs": 3}
+            bad(post(live, "/v1/chat/completions", wrong))
+        with live_server(pyramid, quiet) as live:
+            prompt = post(live, "/apply-template", {"messages": MESSAGES}, {}).json()["prompt"]
+            assert prompt.endswith("|<think></think>")
+
+
+def test_serve_reads_chat_template_kwargs_as_a_json_object() -> None:
+    from pyramid_gguf.cli.serve import template_kwargs
+    from pyramid_gguf.core.errors import UserError
+
+    assert template_kwargs('{"enable_thinking": false}') == {"enable_thinking": False}
+    assert template_kwargs(None) == {}
+    for wrong in ("[1]", "{oops"):
+        with pytest.raises(UserError, match="--chat-template-kwargs"):
+            template_kwargs(wrong)
+    off = _shim().translate(["--model", "m.gguf", "--reasoning", "off"])
+    assert off[off.index("--chat-template-kwargs") + 1] == '{"enable_thinking": false}'

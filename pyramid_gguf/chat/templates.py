@@ -5,7 +5,11 @@ them, tools included.
 The environment is transformers': a sandboxed, immutable jinja2 environment with
 ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}``
 tag that renders its body, a ``tojson`` filter that keeps non-ASCII text, and the
-``raise_exception`` and ``strftime_now`` functions. OpenAI messages are normalised first:
+``raise_exception`` and ``strftime_now`` functions; as in llama.cpp's Jinja engine, ``+``
+joins a string with an undefined or ``none`` value as if that were empty. The context is
+llama-server's: ``enable_thinking`` (true), ``date_string`` ("26 Nov 2026") and ``datetime``
+("Nov 26 2026"), today in local time, each overridden by a request's
+``chat_template_kwargs``. OpenAI messages are normalised first:
 assistant ``tool_calls`` get their ``arguments`` as objects, ``role: "tool"`` results their
 function's ``name``, and text content parts are joined.
 """
@@ -109,11 +113,15 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         bos_token: str,
         eos_token: str,
+        kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text of OpenAI ``messages`` (and ``tools``); a one-line UserError if the
-        template fails or refuses them."""
+        """The prompt text of OpenAI ``messages`` (and ``tools``); ``kwargs`` (a request's
+        ``chat_template_kwargs``) set or override template variables. A one-line UserError if
+        the template fails or refuses them."""
         template = _compile(self.source)
         context = {
+            **llama_server_context(datetime.now()),
+            **(kwargs or {}),
             "messages": normalise_messages(messages),
             "tools": [t.to_openai() for t in tools or ()] or None,
             "add_generation_prompt": add_generation_prompt,
@@ -124,6 +132,16 @@ class ChatTemplate:
             return template.render(context)
         except Exception as e:  # templates raise anything: TypeError for None + str, ...
             raise UserError(f"chat template failed: {_one_line(e)}") from None
+
+
+def llama_server_context(now: datetime) -> dict[str, Any]:
+    """The variables llama-server adds to every template's context (common/chat.cpp): thinking
+    on, and ``now``'s date as ``date_string`` (``%d %b %Y``) and ``datetime`` (``%b %d %Y``)."""
+    return {
+        "enable_thinking": True,
+        "date_string": now.strftime("%d %b %Y"),
+        "datetime": now.strftime("%b %d %Y"),
+    }
 
 
 def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -214,10 +232,31 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Environment(ImmutableSandboxedEnvironment):
+    """The sandbox, with llama.cpp's ``+``: a string and an undefined or ``none`` value join
+    as if that value were empty (firefunction's template adds an undefined ``functions``)."""
+
+    intercepted_binops = frozenset({"+"})
+
+    def call_binop(
+        self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any
+    ) -> Any:
+        if operator == "+":
+            if isinstance(left, str) and _missing(right):
+                return left
+            if isinstance(right, str) and _missing(left):
+                return right
+        return super().call_binop(context, operator, left, right)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or isinstance(value, jinja2.Undefined)
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
     """A template compiled once per source text."""
-    env = ImmutableSandboxedEnvironment(
+    env = _Environment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag]
     )
     env.filters["tojson"] = _tojson

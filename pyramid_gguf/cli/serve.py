@@ -53,6 +53,18 @@ __all__ = ["serve"]
     "'': none).",
 )
 @click.option(
+    "--metrics/--no-metrics",
+    default=True,
+    show_default=True,
+    help="Serve GET /metrics (off: it answers 501, as llama-server without --metrics).",
+)
+@click.option(
+    "--slots/--no-slots",
+    default=True,
+    show_default=True,
+    help="Serve GET /slots (off: it answers 501, as llama-server with --no-slots).",
+)
+@click.option(
     "--parallel",
     "-np",
     type=click.IntRange(1, MAX_PARALLEL),
@@ -97,6 +109,13 @@ __all__ = ["serve"]
     default=None,
     help="Chat template: a llama.cpp name (chatml, llama3, gemma, mistral-v7, ...), a Jinja "
     "file or Jinja text [default: the target GGUF's tokenizer.chat_template].",
+)
+@click.option(
+    "--chat-template-kwargs",
+    metavar="JSON",
+    default=None,
+    help="Variables for the chat template, a JSON object (as llama-server's: "
+    "'{\"enable_thinking\": false}'); a request's chat_template_kwargs override them.",
 )
 @click.option(
     "--model-name",
@@ -161,6 +180,9 @@ def serve(**params: Any) -> None:
         chat_template=resolve_chat_format(params["chat_format"]),
         sampling=default_sampling(params),
         cors_origins=tuple(o.strip() for o in params["cors_origins"].split(",") if o.strip()),
+        metrics=params["metrics"],
+        slots=params["slots"],
+        chat_template_kwargs=template_kwargs(params["chat_template_kwargs"]),
     )
     args = LadderArgs.from_params(params)
     sockets = listen(params["host"], params["port"])
@@ -216,6 +238,19 @@ def default_sampling(params: dict[str, Any]) -> SamplingConfig:
     if n is not None:
         changes["max_tokens"] = params["n_ctx"] if n == -1 else n
     return SamplingConfig(**changes)
+
+
+def template_kwargs(text: str | None) -> dict[str, Any]:
+    """``--chat-template-kwargs``: a JSON object (a one-line UserError for anything else)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise UserError(f"--chat-template-kwargs is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise UserError("--chat-template-kwargs must be a JSON object, e.g. '{\"a\": 1}'")
+    return value
 
 
 def load_embedder(params: dict[str, Any], load: LoadConfig) -> Embedder | None:

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from starlette.responses import Response as HTTPResponse
 
 from ..api import Pyramid
 from ..embeddings import Embedder
 from . import anthropic, embeddings, llama_server, ollama, openai_routes, responses
+from .cors import CorsMiddleware
+from .errors import ApiError
 from .http_errors import ApiKeyMiddleware, install_error_handlers
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render as render_metrics
@@ -41,6 +43,7 @@ def create_app(
     answers the embedding routes (:mod:`.embeddings`); without it they say how to load one."""
     settings = settings or ServerSettings()
     pyramid.queue_size = settings.queue_size
+    pyramid.template_kwargs = dict(settings.chat_template_kwargs)
     service = Service(pyramid, settings)
 
     @asynccontextmanager
@@ -55,12 +58,8 @@ def create_app(
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     if settings.cors_origins:  # added last: outermost, so a preflight needs no key
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=["*"],
-            allow_headers=["*"],
-        )
+        app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
+    started = str(int(time.time()))  # llama-server's Process-Start-Time-Unix
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -79,8 +78,19 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> HTTPResponse:
+        if not settings.metrics:
+            raise ApiError(501, "/metrics is off (serve --metrics)", type="not_supported_error")
         body = render_metrics(pyramid.snapshot(), service.totals)
-        return HTTPResponse(body, media_type=METRICS_TYPE)
+        response = HTTPResponse(body, media_type=METRICS_TYPE)
+        # llama-server's capitals: its tests look the name up in a plain dict
+        response.raw_headers.append((b"Process-Start-Time-Unix", started.encode()))
+        return response
+
+    if not settings.slots:  # registered first: it shadows llama_server's /slots
+
+        @app.get("/slots")
+        async def no_slots() -> None:
+            raise ApiError(501, "/slots is off (serve --slots)", type="not_supported_error")
 
     app.include_router(openai_routes.routes(service))
     app.include_router(embeddings.routes(embedder, settings))

@@ -3,7 +3,9 @@
 llama-server names its metrics ``llamacpp:...`` (``tools/server/server.cpp``, ``/metrics``);
 ours are ``pyramid_gguf:...`` with the same meanings where they exist there (prompt and
 predicted tokens and seconds, decode calls, busy slots per decode, requests processing and
-deferred) and a few of our own (batched tokens per tier, tokens per second now, 503s).
+deferred) and a few of our own (batched tokens per tier, tokens per second now, 503s). Those
+llama-server has are also written under its own names (:data:`LLAMA_CPP`), with its
+``prompt_tokens_cached_total`` and average throughputs, so its dashboards read ours.
 """
 
 from __future__ import annotations
@@ -14,6 +16,20 @@ from ..api import PoolSnapshot
 from .jobs import Totals
 
 PREFIX = "pyramid_gguf:"
+#: llama-server's prefix, and the names it shares with ours.
+LLAMA_PREFIX = "llamacpp:"
+LLAMA_CPP = frozenset(
+    {
+        "prompt_tokens_total",
+        "prompt_seconds_total",
+        "tokens_predicted_total",
+        "tokens_predicted_seconds_total",
+        "n_decode_total",
+        "n_busy_slots_per_decode",
+        "requests_processing",
+        "requests_deferred",
+    }
+)
 #: Prometheus's text exposition format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -28,8 +44,8 @@ class Metric:
     help: str
     samples: tuple[tuple[str, float], ...]
 
-    def render(self) -> str:
-        full = PREFIX + self.name
+    def render(self, prefix: str = PREFIX) -> str:
+        full = prefix + self.name
         lines = [f"# HELP {full} {self.help}", f"# TYPE {full} {self.kind}"]
         lines += [f"{full}{labels} {_number(value)}" for labels, value in self.samples]
         return "\n".join(lines)
@@ -88,6 +104,35 @@ def collect(now: PoolSnapshot, totals: Totals) -> list[Metric]:
     ]
 
 
+def llama_cpp_only(totals: Totals) -> list[Metric]:
+    """llama-server's metrics that have no ``pyramid_gguf:`` twin: cached prompt tokens (not
+    evaluated) and the average prompt and generation throughputs (tokens/s)."""
+    t = totals
+    return [
+        _one(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens reused from a slot's cache.",
+            t.prompt_tokens - t.prompt_evaluated,
+        ),
+        _one(
+            "prompt_tokens_seconds",
+            "gauge",
+            "Average prompt throughput in tokens/s.",
+            t.prompt_evaluated / t.prompt_seconds if t.prompt_seconds else 0.0,
+        ),
+        _one(
+            "predicted_tokens_seconds",
+            "gauge",
+            "Average generation throughput in tokens/s.",
+            t.generated_tokens / t.generation_seconds if t.generation_seconds else 0.0,
+        ),
+    ]
+
+
 def render(now: PoolSnapshot, totals: Totals) -> str:
-    """The ``/metrics`` body."""
-    return "\n".join(m.render() for m in collect(now, totals)) + "\n"
+    """The ``/metrics`` body: ours, then llama-server's names (:data:`LLAMA_PREFIX`)."""
+    ours = collect(now, totals)
+    theirs = [m for m in ours if m.name in LLAMA_CPP] + llama_cpp_only(totals)
+    lines = [m.render() for m in ours] + [m.render(LLAMA_PREFIX) for m in theirs]
+    return "\n".join(lines) + "\n"

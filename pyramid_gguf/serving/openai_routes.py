@@ -185,7 +185,9 @@ def register(router: APIRouter, service: Service, prefix: str, *, llama: bool = 
             check_turns(messages)
         tools = body.tool_request()
         top = body.top_logprobs()
-        chat = pyramid.prepare_chat(messages, sampling, tools, settings.chat_template)
+        chat = pyramid.prepare_chat(
+            messages, sampling, tools, settings.chat_template, body.chat_template_kwargs
+        )
         check_context(chat.tokens, n_ctx)
 
         def submit(deliver: Deliver, choice: int) -> Job:

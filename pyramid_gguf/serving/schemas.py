@@ -341,6 +341,8 @@ class ChatCompletionRequest(GenerationRequest):
     parallel_tool_calls: Any = None
     logprobs: bool = False
     top_logprobs_: int | None = Field(None, alias="top_logprobs", ge=0, le=MAX_TOP_LOGPROBS)
+    #: Variables for the chat template (llama-server's, e.g. ``{"enable_thinking": false}``).
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or super().token_limit()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..chat.named import NAMED_TEMPLATES
 from ..core.errors import UserError
@@ -50,6 +51,13 @@ class ServerSettings:
     #: Origins a browser page may call from (CORS; ``"*"``: any, llama-server's default;
     #: empty: no CORS headers, a page of another origin cannot call).
     cors_origins: tuple[str, ...] = ("*",)
+    #: Whether ``GET /metrics`` and ``GET /slots`` answer (else 501, as llama-server without
+    #: ``--metrics`` or with ``--no-slots``).
+    metrics: bool = True
+    slots: bool = True
+    #: Variables every chat template render gets (llama-server's ``--chat-template-kwargs``,
+    #: e.g. ``{"enable_thinking": false}``); a request's ``chat_template_kwargs`` override them.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.queue_size < 1:

@@ -7,14 +7,16 @@ Flags are handled in four ways (:data:`VALUED`, :data:`SWITCHES`):
 - mapped: ``--model`` -> ``--target``, ``--ctx-size`` (llama-server's total over the slots)
   -> ``--ctx-size`` per slot (with ``--kv-unified``, the whole size for each slot),
   ``--parallel``, ``--temp``, ``--seed``, ``--n-predict``, ``--api-key``, ``--alias``,
-  ``--chat-template[-file]`` -> ``--chat-format``...;
+  ``--chat-template[-file]`` -> ``--chat-format``, ``--metrics`` (``--no-metrics`` without
+  it: llama-server serves ``/metrics`` only when asked), ``--slots``/``--no-slots``,
+  ``--chat-template-kwargs``, ``--reasoning off`` -> ``{"enable_thinking": false}``...;
 - the upstream test models on Hugging Face (``--hf-repo``, ``--hf-file``): replaced by a local
   model of ours (:data:`SUBSTITUTES`, under ``$PYRAMID_GGUF_HOME/models`` or
   ``~/.cache/pyramid-gguf/models``); a model we have no stand-in for (embeddings, rerankers,
   vision) ends the shim;
-- ignored: flags that change no answer (``--cont-batching``, ``--metrics``, ``--ubatch-size``,
-  ``--no-ui``, ``--offline``, ``--jinja``...: our server always batches, serves ``/metrics`` and
-  renders chat templates with Jinja);
+- ignored: flags that change no answer (``--cont-batching``, ``--ubatch-size``, ``--no-ui``,
+  ``--offline``, ``--jinja``, ``--reasoning on|auto``...: our server always batches, renders
+  chat templates with Jinja, ``enable_thinking`` true);
 - refused: a flag that changes behaviour and that ``serve`` lacks (``--context-shift``,
   ``--lora``, ``--embedding``, ``--slot-save-path``...): the shim prints why and exits 2, so
   the test that asked for it fails, counted as unsupported.
@@ -81,6 +83,7 @@ VALUED: dict[str, str | None] = {
     "--spec-synth-rates": None,
     "--reasoning-format": None,
     "--reasoning": None,
+    "--chat-template-kwargs": "--chat-template-kwargs",
     "--mmproj-url": None,
     "--media-path": None,
     "--tools": None,
@@ -97,9 +100,9 @@ VALUED: dict[str, str | None] = {
 #: Switches: llama-server's name -> serve's switch ('' ignores it; None refuses it).
 SWITCHES: dict[str, str | None] = {
     "--cont-batching": "",
-    "--metrics": "",
-    "--slots": "",
-    "--no-slots": "",
+    "--metrics": "--metrics",
+    "--slots": "--slots",
+    "--no-slots": "--no-slots",
     "--no-ui": "",
     "--offline": "",
     "--verbose": "",
@@ -194,8 +197,10 @@ def translate(argv: Sequence[str]) -> list[str]:
             chat = value
         elif flag in ("-fa", "--flash-attn"):
             flash = value
-        elif flag == "--reasoning" and value == "auto":
-            continue  # the template's own default, as ours renders it
+        elif flag == "--reasoning" and value in ("auto", "on"):
+            continue  # enable_thinking true, as ours renders it
+        elif flag == "--reasoning" and value == "off":
+            out += ["--chat-template-kwargs", '{"enable_thinking": false}']
         elif flag == "--reasoning-format" and value == "none":
             continue  # thinking left in the content, as ours answers
         elif flag == "--host" and "," in value:
@@ -215,6 +220,8 @@ def translate(argv: Sequence[str]) -> list[str]:
             "no model: the router mode (several models, loaded on demand) is not supported"
         )
     out = ["--target", model, "--parallel", str(slots), *out]
+    if "--metrics" not in out:
+        out.append("--no-metrics")  # llama-server serves /metrics only with --metrics
     if ctx:  # llama-server's --ctx-size is shared by the slots; serve's is per slot
         # --kv-unified: one pool any slot may fill; here each slot gets the whole size (more
         # memory, never less room for one request)
