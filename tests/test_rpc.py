@@ -75,9 +75,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rpc_server() -> Iterator[str]:
-    """A loopback RPC server for the module: its ``HOST:PORT``."""
+    """A loopback RPC server for the session: its ``HOST:PORT``. It outlives every test of the
+    session: a process that registered a server aborts (as llama.cpp's RPC client does) when
+    it next asks a server that has gone for its devices."""
     port = free_port()
     proc = start_rpc_server(port)
     try:

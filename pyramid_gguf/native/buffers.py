@@ -357,6 +357,8 @@ def peer_llama(path: Path, cfg: LoadConfig, **kwargs: Any) -> llama_cpp.Llama:
     crash (llama.cpp #20824), the AMX-safe ``repack`` placement instead of llama.cpp's default,
     so a comparison runs the same kernels on both sides and does not die with SIGILL.
     ``kwargs`` go to ``Llama`` (``n_ctx``, ``n_threads``, ``flash_attn``...)."""
+    from .rpc import remote_devices
+
     placement = plan_placement(path, cfg)
     keep: list[object] = []  # what the overrides point into: the Llama holds it below
     module = llama_cpp.llama_cpp  # where Llama() looks its default params up
@@ -365,6 +367,7 @@ def peer_llama(path: Path, cfg: LoadConfig, **kwargs: Any) -> llama_cpp.Llama:
     def params() -> llama_cpp.llama_model_params:
         p = default_params()
         keep.append(placement.apply(p))
+        keep.append(remote_devices(path, cfg, p))  # this machine's devices, RPC servers' if asked
         return p
 
     with _PEER_LOCK:  # Llama() reads llama_model_default_params once, in its constructor

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response as HTTPResponse
 
-from ..api import ChatPrompt, Job, Response
+from ..api import ChatPrompt, GenerationStats, Job, Response
 from ..chat import CallStream, Message, ToolRequest, parse_tool_request
 from ..core.errors import UserError
 from ..core.grammar import Grammar
@@ -284,7 +284,16 @@ class Shape:
                 return "stop_sequence", stop
         return "end_turn", None
 
-    def message(self, content: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
+    def message(self, content: list[dict[str, Any]], stats: GenerationStats) -> dict[str, Any]:
+        """The message object; ``usage`` as Anthropic counts it: ``input_tokens`` the prompt
+        tokens evaluated, ``cache_read_input_tokens`` those reused from the prompt cache."""
+        cached = stats.prompt_tokens - stats.prompt_evaluated
+        usage = {
+            "input_tokens": stats.prompt_tokens - cached,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+            "output_tokens": 0,
+        }
         return {
             "id": self.id,
             "type": "message",
@@ -293,7 +302,7 @@ class Shape:
             "content": content,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+            "usage": usage,
         }
 
     def whole(self, steps: list[Response]) -> dict[str, Any]:
@@ -309,7 +318,7 @@ class Shape:
             content += uses
             if uses and reason == "end_turn":
                 reason = "tool_use"
-        out = self.message(content, last.stats.prompt_tokens)
+        out = self.message(content, last.stats)
         out |= {"stop_reason": reason, "stop_sequence": sequence}
         out["usage"]["output_tokens"] = last.stats.generated_tokens
         return out | {"timings": timings(last.stats)}
@@ -317,7 +326,7 @@ class Shape:
     async def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
         """The SSE body; leaving early (client gone) cancels the generation."""
         try:
-            start = self.message([], first.stats.prompt_tokens)
+            start = self.message([], first.stats)
             yield sse({"type": "message_start", "message": start}, "message_start")
             opened = self.calls is None  # with tools, the text block opens at its first text
             if opened:
