@@ -26,6 +26,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import TINY_LOAD
 from test_acceptance import chi_square_pvalue
+from test_lossless import chain_joint
 from test_server import live_server
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
@@ -323,22 +324,9 @@ def test_sampled_tokens_under_dry_follow_the_target(pyramid: Pyramid) -> None:
         firsts.append(tokens[0] * target.n_vocab + tokens[1])
     assert verified, "no speculative round ran: the test would prove nothing"
     sampled = np.array(firsts)
-    s = Sampler(sampling, vocab=vocab)
-    plain = Sampler(HOT)
-
-    def joint(sampler: Sampler) -> np.ndarray:
-        def dist(prefix: list[int]) -> np.ndarray:
-            return sampler.warp(sampler.prepare(prefix, target.score(prefix, [])[0]))
-
-        p1 = dist(prompt)
-        out = np.zeros((len(p1), len(p1)))
-        for t1 in np.flatnonzero(p1 > 1e-7):
-            out[t1] = p1[t1] * dist([*prompt, int(t1)])
-        target.model.reset()
-        return (out / out.sum()).ravel()
-
-    assert chi_square_pvalue(sampled, joint(s)) > 0.001
-    assert chi_square_pvalue(sampled, joint(plain)) < 1e-4  # power: DRY changed the target
+    assert chi_square_pvalue(sampled, chain_joint(target, prompt, sampling, vocab)) > 0.001
+    # power: without DRY the same samples are rejected
+    assert chi_square_pvalue(sampled, chain_joint(target, prompt, HOT)) < 1e-4
 
 
 # --- the surfaces -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,10 +147,13 @@ def test_auto_uses_ngram_where_text_repeats(pyramid: Pyramid) -> None:
 # --- llama.cpp's other samplers: every tier warps the same way, each position after its prefix
 
 
-def chain_joint(tier: ModelTier, prompt: list[int], sampling: SamplingConfig) -> np.ndarray:
+def chain_joint(
+    tier: ModelTier, prompt: list[int], sampling: SamplingConfig, vocab: Any = None
+) -> np.ndarray:
     """``p(t1, t2)`` of ``tier`` under ``sampling``'s whole chain, each position warped after
-    its own prefix (the penalties read it), flattened ``[V * V]``."""
-    s = Sampler(sampling)
+    its own prefix (the penalties read it), flattened ``[V * V]``; ``vocab``: the vocabulary
+    DRY's sequence breakers are found in."""
+    s = Sampler(sampling, vocab=vocab)
 
     def dist(prefix: list[int]) -> np.ndarray:
         return s.warp(s.prepare(prefix, tier.score(prefix, [])[0]))
