@@ -26,7 +26,18 @@ from . import native  # isort: skip
 # isort: split
 import numpy as np
 
-from .chat import CallStream, ChatTemplate, Tool, ToolCallFormat, ToolRequest, constraint
+from .chat import (
+    CallStream,
+    ChatTemplate,
+    GenericFormat,
+    Tool,
+    ToolCallFormat,
+    ToolRequest,
+    constraint,
+    normalise_messages,
+    probe_caps,
+    prompt_messages,
+)
 from .core.errors import UserError
 from .core.ladder import LadderPaths, NGram
 from .core.load import LoadConfig
@@ -385,25 +396,29 @@ class Pyramid:
         included) or, with ``tools``, the calls' grammar (``tool_choice`` required or a named
         function: the answer is calls whose arguments match the tool's schema) or lazy
         triggers (``auto``: free text until the model opens a call). ``tool_choice: "none"``
-        shows no tools and reads no calls. A one-line :class:`UserError` when the template
-        writes no tool-call format we read, or when a grammar and tools come together."""
+        shows no tools and reads no calls. A template that writes no tool-call format we read
+        gets llama.cpp's generic JSON format, taught in the system message
+        (:mod:`~pyramid_gguf.chat.generic`). A one-line :class:`UserError` when a grammar and
+        tools come together."""
         sampling = sampling or SamplingConfig()
         calls: ToolCallFormat | None = None
         shown: tuple[Tool, ...] | None = None
         if tools is not None and tools.choice.mode != "none":
             template = self.template(chat_template)
             calls = template.tool_format
-            if calls is None:
-                raise UserError(
-                    f"tools: the chat template ({template.name}) renders no tool-call format "
-                    "pyramid-gguf reads (Hermes/Qwen <tool_call> or Llama 3.x JSON)"
-                )
             if sampling.grammar is not None:
                 raise UserError("tools and a response format together are not supported")
             found = constraint(calls, tools, self.special_texts(calls.markers))
             if found is not None:
                 sampling = sampling.with_(grammar=found.grammar, triggers=found.triggers)
             shown = tools.tools
+            if isinstance(calls, GenericFormat):  # taught in the system message, as llama.cpp
+                caps = probe_caps(
+                    lambda m, t: self.apply_chat_template(
+                        m, chat_template, tools=t, add_generation_prompt=False
+                    )
+                )
+                messages = prompt_messages(normalise_messages(messages), shown, caps)
         tokens = self.chat_tokens(
             messages, chat_template, tools=shown, template_kwargs=template_kwargs
         )

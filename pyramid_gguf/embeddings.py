@@ -17,8 +17,10 @@ server's routes are :mod:`pyramid_gguf.serving.embeddings`.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # llama.cpp's libraries load before numpy's (docs/ARCHITECTURE.md, "Loading order").
@@ -29,7 +31,7 @@ import numpy as np
 
 from .core.errors import UserError
 
-__all__ = ["POOLING", "Embedded", "Embedder", "EmbeddingConfig", "Pooling"]
+__all__ = ["POOLING", "Embedded", "Embedder", "EmbeddingConfig", "EmbeddingCounts", "Pooling"]
 
 #: One input: a text, token ids, or a mixed list of texts and token ids.
 Input = str | Sequence[int | str]
@@ -49,11 +51,25 @@ class Embedded:
         return sum(self.n_tokens)
 
 
+@dataclass(frozen=True)
+class EmbeddingCounts:
+    """What an :class:`Embedder` did since it was loaded (the server's ``/metrics``): the
+    ``inputs`` embedded, their ``tokens``, the ``decodes`` (``llama_decode`` calls) and the
+    ``seconds`` spent embedding."""
+
+    inputs: int = 0
+    tokens: int = 0
+    decodes: int = 0
+    seconds: float = 0.0
+
+
 class Embedder:
     """One embedding model: tokenize, embed; thread-safe (calls take turns)."""
 
     def __init__(self, model: EmbeddingModel) -> None:
         self._model = model
+        self._counts = EmbeddingCounts()
+        self._counts_lock = threading.Lock()
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], cfg: EmbeddingConfig | None = None) -> Embedder:
@@ -93,6 +109,11 @@ class Embedder:
     def metadata(self) -> dict[str, str]:
         return self._model.metadata()
 
+    def counts(self) -> EmbeddingCounts:
+        """What it has embedded so far."""
+        with self._counts_lock:
+            return self._counts
+
     # --- tokens ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
@@ -100,8 +121,8 @@ class Embedder:
         return self._model.vocab.tokenize(text, add_special=add_special, parse_special=True)
 
     def tokens_of(self, item: Input) -> list[int]:
-        """The token ids of one input: a text, ids, or a mixed list (special tokens only around
-        its first text, as llama-server adds them)."""
+        """The token ids of one input: a text, ids, or a mixed list (special tokens around its
+        text only when the list starts with it, as llama-server adds them)."""
         if isinstance(item, str):
             return self.tokenize(item)
         tokens: list[int] = []
@@ -112,6 +133,7 @@ class Embedder:
                 first = False
             elif isinstance(piece, int) and not isinstance(piece, bool):
                 tokens.append(piece)
+                first = False
             else:
                 raise UserError(f"an input holds {piece!r}: give texts or token ids")
         return tokens
@@ -128,9 +150,24 @@ class Embedder:
         if truncate:
             tokens = [t[: self.n_ctx] for t in tokens]
         counts = tuple(len(t) for t in tokens)
+        started = time.perf_counter()
         if self.pooling == "none":
-            return Embedded(self._model.embed_tokens(tokens), counts)
-        return Embedded(self._model.embed(tokens, normalize), counts)
+            vectors: np.ndarray | list[np.ndarray] = self._model.embed_tokens(tokens)
+        else:
+            vectors = self._model.embed(tokens, normalize)
+        self._count(len(tokens), sum(counts), time.perf_counter() - started)
+        return Embedded(vectors, counts)
+
+    def _count(self, inputs: int, tokens: int, seconds: float) -> None:
+        with self._counts_lock:
+            c = self._counts
+            self._counts = replace(
+                c,
+                inputs=c.inputs + inputs,
+                tokens=c.tokens + tokens,
+                decodes=self._model.decodes,
+                seconds=c.seconds + seconds,
+            )
 
     def embed(self, texts: Sequence[Input], *, truncate: bool = False) -> np.ndarray:
         """One unit-length vector per input: float32 ``[len(texts), n_embd]`` (a pooled model;

@@ -9,8 +9,12 @@ that none is always first to a cold cache. Each dialect's tokens are its own usa
 included. Prints tokens per second per dialect, its ratio to chat completions, and how many
 answers differ from chat completions' text (greedy: none but floating-point near-ties).
 
-    pyramid-gguf serve --port 8080 &
-    python scripts/dialect_bench.py --url http://127.0.0.1:8080 --repeats 5
+    pyramid-gguf serve --port 8080 --mode target &
+    python scripts/dialect_bench.py --url http://127.0.0.1:8080 --repeats 3
+
+For ``auto``, start the server with ``--no-ngram-pool``: the prompts repeat (per dialect and
+per round), and with the pool every repeat drafts from the earlier answers to it, which
+measures the pool, not the dialect.
 """
 
 from __future__ import annotations

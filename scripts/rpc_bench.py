@@ -12,12 +12,17 @@ measures, per prompt, greedy, ``-n`` tokens:
   here, the best of ``--spec-draft-n-max`` 3, its default, and 8), from
   ``../shared/tools/llama_peer.sh build`` (``--peer-home``).
 
+``--mbps`` caps the relay's bandwidth too. ``--outputs here,there`` measures ours twice: the
+target's output layer kept here (the default: a row brings back ``n_embd`` floats) and on the
+server (``--rpc-output``: ``n_vocab`` logits a row cross the link).
+
 llama.cpp's RPC server serves one client at a time, so each side loads, decodes and unloads in
 turn. Prompts: the ``edit`` set (answers copy the prompt) and the ``qa`` set (they do not). Every
 figure comes from this one run; ratios are taken within it.
 
     python scripts/rpc_bench.py --target 1.5b.gguf --draft 0.5b.gguf \\
-        [--delays 0.1,1.5,10] [-n 96] [--threads 2] [--peer-home ~/.cache/llama-peer] [--json F]
+        [--delays 0.1,1.5,10] [--mbps 100] [--outputs here,there] [-n 96] [--threads 2] \\
+        [--peer-home ~/.cache/llama-peer] [--json F]
 """
 
 from __future__ import annotations
@@ -111,16 +116,22 @@ def peer_plain(args: argparse.Namespace, endpoint: str) -> float:
 
 
 def ours(
-    args: argparse.Namespace, endpoint: str, prompts: list[BenchPrompt]
+    args: argparse.Namespace, endpoint: str, prompts: list[BenchPrompt], remote_output: bool
 ) -> tuple[dict[str, list[float]], list[str]]:
-    """pyramid-gguf's ``target`` and ``auto`` over the link: tok/s per prompt; and each
-    prompt in the target's chat template (what llama.cpp is given)."""
+    """pyramid-gguf's ``target`` and ``auto`` over the link, the output layer here or (with
+    ``remote_output``) on the server: tok/s per prompt; and each prompt in the target's chat
+    template (what llama.cpp is given)."""
     load = LoadConfig(n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads)
     paths = LadderPaths.of(args.target, None, args.draft)
     out: dict[str, list[float]] = {"target": [], "auto": []}
     texts: list[str] = []
-    with Pyramid.load(paths, load=load, rpc=RpcConfig((endpoint,))) as p:
+    rpc = RpcConfig((endpoint,), remote_output=remote_output)
+    with Pyramid.load(paths, load=load, rpc=rpc) as p:
         p.calibrate(refresh=True)
+        if args.verbose:
+            for name, curve in p.costs().items():
+                ms = " ".join(f"{curve(n) * 1e3:.0f}" for n in (1, 2, 4, 8, 16))
+                print(f"    {name} ms at 1/2/4/8/16 tokens: {ms}", file=sys.stderr)
         sampling = SamplingConfig(temperature=0, max_tokens=args.max_tokens)
         for q in prompts:
             texts.append(p.apply_chat_template([{"role": "user", "content": q.text}]))
@@ -142,6 +153,13 @@ def main() -> None:
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--draft", type=Path, required=True)
     ap.add_argument("--delays", default="0.1,1.5,10", help="one-way delays, ms")
+    ap.add_argument("--mbps", type=float, default=0.0, help="link bandwidth (0: unlimited)")
+    ap.add_argument(
+        "--outputs",
+        default="here",
+        help="where our target's output layer goes: here (the default), there (--rpc-output) "
+        "or both, comma-separated",
+    )
     ap.add_argument("-n", "--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=2, help="prompts per set")
@@ -159,18 +177,18 @@ def main() -> None:
         try:
             for delay in (float(d) for d in args.delays.split(",")):
                 relay_port = free_port()
-                link = Link(delay / 1000)
+                link = Link(delay / 1000, args.mbps * 1e6)
                 with Relay(("127.0.0.1", relay_port), ("127.0.0.1", port), link):
                     endpoint = f"127.0.0.1:{relay_port}"
-                    row: dict[str, Any] = {"delay_ms": delay}
+                    row: dict[str, Any] = {"delay_ms": delay, "mbps": args.mbps}
                     for name, prompts in sets.items():
-                        mine, texts = ours(args, endpoint, prompts)
-                        spec = [peer_spec(args, endpoint, text) for text in texts]
-                        row[name] = {
-                            "target": mine["target"],
-                            "auto": mine["auto"],
-                            "peer_spec": spec,
-                        }
+                        row[name] = {}
+                        for place in args.outputs.split(","):
+                            mine, texts = ours(args, endpoint, prompts, place == "there")
+                            suffix = "" if place == "here" else "_there"
+                            row[name]["target" + suffix] = mine["target"]
+                            row[name]["auto" + suffix] = mine["auto"]
+                        row[name]["peer_spec"] = [peer_spec(args, endpoint, t) for t in texts]
                     row["peer_plain"] = peer_plain(args, endpoint)
                 results.append(row)
                 report(row)
@@ -182,15 +200,22 @@ def main() -> None:
 
 
 def report(row: dict[str, Any]) -> None:
-    print(f"one-way delay {row['delay_ms']:g} ms: llama-bench tg over RPC {row['peer_plain']:.2f}")
+    link = f"one-way delay {row['delay_ms']:g} ms" + (
+        f", {row['mbps']:g} Mbit/s" if row["mbps"] else ""
+    )
+    print(f"{link}: llama-bench tg over RPC {row['peer_plain']:.2f}")
     for name in (k for k in row if isinstance(row[k], dict)):
         r = row[name]
-        t, a, s = geomean(r["target"]), geomean(r["auto"]), geomean(r["peer_spec"])
-        print(
-            f"  {name:5} target {t:6.2f} tok/s  auto {a:6.2f} ({a / t:.2f}x)  "
-            f"llama-speculative-simple {s:6.2f} (auto/it {a / s:.2f}x)",
-            flush=True,
-        )
+        s = geomean(r["peer_spec"])
+        for suffix, where in (("", "output here"), ("_there", "output there")):
+            if "target" + suffix not in r:
+                continue
+            t, a = geomean(r["target" + suffix]), geomean(r["auto" + suffix])
+            print(
+                f"  {name:5} {where:12} target {t:6.2f} tok/s  auto {a:6.2f} ({a / t:.2f}x)  "
+                f"llama-speculative-simple {s:6.2f} (auto/it {a / s:.2f}x)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -14,16 +14,19 @@ from pyramid_gguf import native  # noqa: F401
 
 # isort: split
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from synth import CHATML_TEMPLATE, TinySpec, write_tiny_llama
 
-from pyramid_gguf import Pyramid
+from pyramid_gguf import Pyramid, SpecConfig
 from pyramid_gguf.core.load import LoadConfig
 
 #: Tiny models run fastest single-threaded: llama.cpp's thread sync costs more than they do.
 TINY_LOAD = LoadConfig(n_ctx=512, n_batch=128, n_threads=1, n_threads_batch=1, flash_attn=False)
+#: A chat prompt with tools (the Qwen2.5 template's) is long in the tiny vocabulary's bytes.
+TINY_CHAT_LOAD = replace(TINY_LOAD, n_ctx=2048, n_batch=512)
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +65,16 @@ def pyramid(tiny_target: Path, tiny_qualifier: Path, tiny_draft: Path) -> Iterat
     """The tiny three-tier ladder, loaded once per test module."""
     with Pyramid.from_paths(
         tiny_target, draft=tiny_draft, qualifier=tiny_qualifier, load=TINY_LOAD
+    ) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tiny_target: Path, tiny_draft: Path) -> Iterator[Pyramid]:
+    """The tiny draft and target (``sd``) named ``tiny``, with room for chats with tools (the
+    ladder the dialects' tests serve behind the Qwen2.5 template), loaded once per module."""
+    with Pyramid.from_paths(
+        tiny_target, draft=tiny_draft, load=TINY_CHAT_LOAD, spec=SpecConfig(mode="sd"), name="tiny"
     ) as p:
         yield p
 

@@ -2,7 +2,10 @@
 
 The tiny ladder (``sd``) behind an API key: messages whole and streamed (the client's own event
 accumulation), system prompts and text blocks, ``max_tokens`` and ``stop_sequences`` stop
-reasons, ``count_tokens``; bad input answered in Anthropic's error shape, never a traceback.
+reasons, ``count_tokens``, tools; extended thinking behind a small thinking template (thinking
+history as the template's ``reasoning_content``, ``thinking`` enabled or disabled, the answer's
+thinking as a ``thinking`` block); bad input answered in Anthropic's error shape, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import pydantic
 import pytest
 from test_server import live_server
 from test_structured import KEYED
-from test_tools import QWEN_TEMPLATE, TINY_CHAT_LOAD, TINY_TOOLS
+from test_tools import QWEN_TEMPLATE, TINY_TOOLS
 
-from pyramid_gguf import Pyramid, SpecConfig
+from pyramid_gguf import Pyramid
 from pyramid_gguf.serving.settings import ServerSettings
+from pyramid_gguf.serving.thinking import Thoughts, split
 
 KEY = "sk-anthropic"
 USER: Any = [{"role": "user", "content": "the cat"}]
@@ -31,13 +35,10 @@ F = {"name": "f", "input_schema": {"type": "object", "properties": {}}}
 
 
 @pytest.fixture(scope="module")
-def live(tiny_target: Any, tiny_draft: Any) -> Iterator[tuple[str, Pyramid]]:
-    pyramid = Pyramid.from_paths(
-        tiny_target, draft=tiny_draft, load=TINY_CHAT_LOAD, spec=SpecConfig(mode="sd"), name="tiny"
-    )
+def live(tiny_chat: Pyramid) -> Iterator[tuple[str, Pyramid]]:
     settings = ServerSettings(api_key=KEY, chat_template=QWEN_TEMPLATE)
-    with pyramid, live_server(pyramid, settings) as server:
-        yield server.url, pyramid
+    with live_server(tiny_chat, settings) as server:
+        yield server.url, tiny_chat
 
 
 @pytest.fixture()
@@ -82,7 +83,7 @@ def test_message_whole_and_streamed_agree(client: anthropic.Anthropic) -> None:
     assert block.type == "text" and block.text
     assert prompt_of(whole.usage) > 1 and whole.usage.input_tokens >= 1
     assert 1 <= whole.usage.output_tokens <= 12
-    assert whole.model_extra and whole.model_extra["timings"]["mode"] == "sd"
+    assert not whole.model_extra, whole.model_extra  # Anthropic's fields only: no timings
     with client.messages.stream(**ask) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
@@ -171,7 +172,15 @@ def test_count_tokens(client: anthropic.Anthropic) -> None:
           "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
          ("tools",)),
         ({"model": "tiny", "max_tokens": 4, "messages": USER,
-          "thinking": {"type": "enabled", "budget_tokens": 1024}}, ("thinking",)),
+          "thinking": {"type": "enabled", "budget_tokens": 1024}},
+         ("thinking.budget_tokens", "less than max_tokens")),
+        ({"model": "tiny", "max_tokens": 40, "messages": USER,
+          "thinking": {"type": "enabled", "budget_tokens": 0}}, ("thinking.budget_tokens",)),
+        ({"model": "tiny", "max_tokens": 40, "messages": USER,
+          "thinking": {"type": "sometimes"}}, ("thinking.type",)),
+        ({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "x"}]}]},
+         ("messages.0.content.0", "assistant")),
         ({"model": "tiny", "max_tokens": 4, "messages": USER, "stop_sequences": [""]},
          ("stop_sequences",)),
         ({"model": "tiny", "max_tokens": 4, "messages": USER, "mode": "warp"}, ("mode",)),
@@ -292,3 +301,118 @@ def test_any_tool_may_be_called_in_parallel_or_not(client: anthropic.Anthropic) 
     assert r.stop_reason == "tool_use" and len(uses) == 1
     schemas = {t["name"]: t["input_schema"] for t in TOOLS}
     jsonschema.validate(uses[0].input, schemas[uses[0].name])
+
+
+# --- extended thinking ------------------------------------------------------------------------
+
+#: A thinking model's template in the manner of Qwen3's: an assistant's ``reasoning_content`` in
+#: ``<think>`` tags, the answer's thinking opened by the prompt, or closed empty when
+#: ``enable_thinking`` is false.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking %}<think>\n{% else %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+THOUGHT = "The user names an animal; I should say something about cats."
+
+
+def history(thinking: bool) -> Any:
+    """A finished turn (with its thinking, or without) and the next question."""
+    said: list[dict[str, Any]] = [{"type": "text", "text": "Cats sleep a lot."}]
+    if thinking:
+        said.insert(0, {"type": "thinking", "thinking": THOUGHT, "signature": ""})
+    return [*USER, {"role": "assistant", "content": said}, {"role": "user", "content": "more"}]
+
+
+@pytest.fixture(scope="module")
+def thinker_url(tiny_chat: Pyramid) -> Iterator[str]:
+    """The tiny ladder behind :data:`THINKING_TEMPLATE`."""
+    settings = ServerSettings(api_key=KEY, chat_template=THINKING_TEMPLATE)
+    with live_server(tiny_chat, settings) as server:
+        yield server.url
+
+
+@pytest.fixture()
+def thinker(thinker_url: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=thinker_url, api_key=KEY, max_retries=0, timeout=60)
+
+
+def counted(client: anthropic.Anthropic, messages: Any, **kw: Any) -> int:
+    return client.messages.count_tokens(model="tiny", messages=messages, **kw).input_tokens
+
+
+def test_thinking_history_is_the_templates_reasoning(
+    thinker: anthropic.Anthropic, client: anthropic.Anthropic
+) -> None:
+    """Thinking blocks of earlier turns render where the template renders reasoning (more
+    tokens, the same count for ``messages`` as for ``count_tokens``) and are left out where it
+    does not (Qwen2.5's: the same count as without them); redacted thinking is left out."""
+    with_thought, without = counted(thinker, history(True)), counted(thinker, history(False))
+    assert with_thought > without
+    r = thinker.messages.create(model="tiny", max_tokens=2, messages=history(True), **GREEDY)
+    assert prompt_of(r.usage) == with_thought
+    assert counted(client, history(True)) == counted(client, history(False))
+    redacted: Any = history(False)
+    redacted[1]["content"].insert(0, {"type": "redacted_thinking", "data": "opaque"})
+    assert counted(thinker, redacted) == without
+
+
+def test_thinking_enabled_or_disabled_is_the_templates_switch(thinker: anthropic.Anthropic) -> None:
+    on = counted(thinker, USER, thinking={"type": "enabled", "budget_tokens": 1024})
+    off = counted(thinker, USER, thinking={"type": "disabled"})
+    assert off > on  # disabled: the template closes an empty thinking block in the prompt
+    assert counted(thinker, USER) == on  # not asked: the template's default, thinking on
+
+
+def test_the_answers_thinking_is_a_thinking_block(thinker: anthropic.Anthropic) -> None:
+    """Behind a template that opens the thinking, the answer is thinking until ``</think>``
+    (the tiny model never writes it): one ``thinking`` block, whole or streamed (thinking
+    deltas, an empty signature before the block closes)."""
+    ask: dict[str, Any] = {
+        "model": "tiny",
+        "max_tokens": 12,
+        "messages": USER,
+        "thinking": {"type": "enabled", "budget_tokens": 8},
+        **GREEDY,
+    }
+    thinker.messages.create(**ask)  # the same cache state for both
+    whole = thinker.messages.create(**ask)
+    (block,) = whole.content
+    assert block.type == "thinking" and block.thinking and block.signature == ""
+    assert whole.stop_reason in ("end_turn", "max_tokens") and whole.usage.output_tokens <= 12
+    events: list[Any] = list(thinker.messages.create(**ask, stream=True))
+    kinds = [(e.type, e.delta.type if e.type == "content_block_delta" else None) for e in events]
+    assert kinds[1] == ("content_block_start", None) and events[1].content_block.type == "thinking"
+    assert set(kinds[2:-4]) == {("content_block_delta", "thinking_delta")}
+    assert kinds[-4:-2] == [
+        ("content_block_delta", "signature_delta"),
+        ("content_block_stop", None),
+    ]
+    assert "".join(e.delta.thinking for e in events[2:-4]) == block.thinking
+    with thinker.messages.stream(**ask) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking == block.thinking
+
+
+@pytest.mark.parametrize(
+    ("text", "opened", "thought", "answer"),
+    [
+        ("<think>\nsum it\n\nis 4\n</think>\n\nIt is 4.", False, "sum it\n\nis 4", "It is 4."),
+        ("sum it\n</think>\n\nIt is 4.", True, "sum it", "It is 4."),
+        ("It is 4.", False, "", "It is 4."),
+        ("It is <think>4</think>", False, "", "It is <think>4</think>"),
+        ("\n<think>cut short </thi", False, "cut short </thi", ""),
+        ("<thi", False, "", "<thi"),
+    ],
+)
+def test_thoughts_split_alike_whole_or_in_pieces(
+    text: str, opened: bool, thought: str, answer: str
+) -> None:
+    assert split(text, opened) == (thought, answer)
+    for size in (1, 2, 3, 5):
+        thoughts = Thoughts(opened)
+        parts = [thoughts.feed(text[i : i + size]) for i in range(0, len(text), size)]
+        parts.append(thoughts.finish())
+        assert ("".join(t for t, _ in parts), "".join(a for _, a in parts)) == (thought, answer)

@@ -62,7 +62,7 @@ def test_names_say_which_template_and_which_tool_calls() -> None:
     assert ChatTemplate.from_gguf(None).name == "builtin chatml (tool calls: hermes)"
     assert ChatTemplate.from_gguf("").source == BUILTIN_CHATML
     plain = "{% for m in messages %}{{ m.content }}{% endfor %}"
-    assert ChatTemplate.from_gguf(plain).name == "gguf (tool calls: none)"
+    assert ChatTemplate.from_gguf(plain).name == "gguf (tool calls: generic)"
 
 
 def test_qwen_lists_the_tools_in_its_system_message() -> None:
@@ -138,7 +138,6 @@ def test_a_rendered_call_parses_back_to_itself(name: str) -> None:
     prompt = render(template, [CONVERSATION[1], said], tools=tools(), add_generation_prompt=False)
     answer = prompt.rsplit("<|im_start|>assistant\n", 1)[1].removesuffix("<|im_end|>\n")
     fmt = template.tool_format
-    assert fmt is not None
     message = fmt.parse(answer, CallIds(lambda i: f"id{i}"))
     assert message.content == "Checking."
     assert [(c.name, json.loads(c.arguments)) for c in message.calls] == [

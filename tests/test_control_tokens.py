@@ -11,14 +11,13 @@ follow-ups, sampled.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from test_server import live_server
-from test_tools import QWEN_TEMPLATE, TINY_CHAT_LOAD, TINY_MESSAGES, TINY_TOOLS, TOOLS
+from test_tools import QWEN_TEMPLATE, TINY_MESSAGES, TINY_TOOLS, TOOLS
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.chat import parse_tool_request
@@ -26,25 +25,17 @@ from pyramid_gguf.serving.openai import create_chat_completion
 from pyramid_gguf.serving.settings import ServerSettings
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_target: Path, tiny_draft: Path) -> Iterator[Pyramid]:
-    with Pyramid.from_paths(
-        tiny_target, draft=tiny_draft, load=TINY_CHAT_LOAD, spec=SpecConfig(mode="sd"), name="tiny"
-    ) as p:
-        yield p
-
-
 def sampling(seed: int) -> SamplingConfig:
     return SamplingConfig(temperature=1.5, seed=seed, max_tokens=48)
 
 
-def seeds_writing_bos(tiny: Pyramid, n: int) -> list[int]:
+def seeds_writing_bos(tiny_chat: Pyramid, n: int) -> list[int]:
     """Seeds whose raw auto-tools answer holds the control token ``<s>``."""
     tools = parse_tool_request(TINY_TOOLS, "auto", None)
     found = []
     for seed in range(200):
-        chat = tiny.prepare_chat(TINY_MESSAGES, sampling(seed), tools, QWEN_TEMPLATE)
-        raw = tiny.generate(chat.tokens, chat.sampling, special=True).text
+        chat = tiny_chat.prepare_chat(TINY_MESSAGES, sampling(seed), tools, QWEN_TEMPLATE)
+        raw = tiny_chat.generate(chat.tokens, chat.sampling, special=True).text
         if "<s>" in raw:
             found.append(seed)
             if len(found) == n:
@@ -53,25 +44,25 @@ def seeds_writing_bos(tiny: Pyramid, n: int) -> list[int]:
 
 
 def test_the_vocabularys_control_tokens_are_dropped_but_not_the_formats_markers(
-    tiny: Pyramid,
+    tiny_chat: Pyramid,
 ) -> None:
     tools = parse_tool_request(TINY_TOOLS, "auto", None)
-    chat = tiny.prepare_chat(TINY_MESSAGES, sampling(0), tools, QWEN_TEMPLATE)
+    chat = tiny_chat.prepare_chat(TINY_MESSAGES, sampling(0), tools, QWEN_TEMPLATE)
     assert chat.special and {"<s>", "</s>"} <= chat.controls
     assert "<tool_call>" not in chat.controls
-    plain = tiny.prepare_chat(TINY_MESSAGES, sampling(0), None, QWEN_TEMPLATE)
+    plain = tiny_chat.prepare_chat(TINY_MESSAGES, sampling(0), None, QWEN_TEMPLATE)
     assert not plain.special and plain.controls == frozenset()
 
 
-def test_no_control_token_in_content_through_every_door(tiny: Pyramid) -> None:
-    seeds = seeds_writing_bos(tiny, 2)
+def test_no_control_token_in_content_through_every_door(tiny_chat: Pyramid) -> None:
+    seeds = seeds_writing_bos(tiny_chat, 2)
     for seed in seeds:
         out = create_chat_completion(
-            tiny, TINY_MESSAGES, sampling(seed), chat_template=QWEN_TEMPLATE, tools=TINY_TOOLS
+            tiny_chat, TINY_MESSAGES, sampling(seed), chat_template=QWEN_TEMPLATE, tools=TINY_TOOLS
         )
         assert "<s>" not in (out["choices"][0]["message"]["content"] or "")
     settings = ServerSettings(chat_template=QWEN_TEMPLATE)
-    with live_server(tiny, settings) as live:
+    with live_server(tiny_chat, settings) as live:
         for seed in seeds:
             body: dict[str, Any] = {
                 "messages": TINY_MESSAGES,

@@ -4,13 +4,17 @@ through ``ollama``'s, llama-server's raw), beside a tiny ladder.
 
 The tiny embedding model is the tiny llama with ``llama.pooling_type = mean`` in its header, so
 its pooling comes from the file as a real embedding model's does; the tiny target, without
-one, gets llama.cpp's default (``none``: one vector per token).
+one, gets llama.cpp's default (``none``: one vector per token). The tiny BERT of the
+llama-server suite (``scripts/llama_server_suite/tiny_bert.py``) is the encoder: attention over
+the whole input, CLS pooling from its header, WordPiece with ``[CLS]`` and ``[SEP]``.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -222,9 +226,8 @@ def test_base64_is_the_same_vector(client: openai.OpenAI, url: str) -> None:
 
 def test_openai_errors(url: str, embedder: Embedder) -> None:
     openai_error(post(url, "/v1/embeddings", b"{nope"), "JSON")
-    openai_error(
-        post(url, "/v1/embeddings", {"input": "x " * 700}), "512", code="context_length_exceeded"
-    )
+    too_long = post(url, "/v1/embeddings", {"input": "x " * 700})
+    openai_error(too_long, "too large", "512", code="context_length_exceeded")
     openai_error(post(url, "/v1/embeddings", {"input": "x", "dimensions": 32}), "dimensions", "64")
     ok = post(url, "/v1/embeddings", {"input": "x", "dimensions": 64})
     assert ok.status_code == 200, ok.text
@@ -268,7 +271,10 @@ def test_pooling_none_gives_token_vectors_and_no_openai_answer(
         http = TestClient(create_app(ladder, ServerSettings(), plain))
         body = http.post("/embeddings", json={"input": "the cat"}).json()
         n = len(plain.tokenize("the cat"))
-        assert len(body) == 1 and np.array(body[0]["embedding"]).shape == (n, 64)
+        rows = np.array(body[0]["embedding"])
+        assert len(body) == 1 and rows.shape == (n, 64)
+        assert np.all(np.abs(np.linalg.norm(rows, axis=1) - 1) > 1e-3)  # not normalised
+        np.testing.assert_allclose(rows, plain.run(["the cat"]).vectors[0], atol=1e-5)
         r = http.post("/v1/embeddings", json={"input": "the cat"})
         assert r.status_code == 400 and "pooling 'none'" in r.json()["error"]["message"]
         r = http.post("/api/embed", json={"input": "the cat"})
@@ -284,6 +290,75 @@ def test_no_embedding_model_is_a_clear_400(ladder: Pyramid) -> None:
         r = http.post(path, json=body)
         assert r.status_code == 400 and set(r.json()) == {"error"}
         assert "--embedding-model" in r.json()["error"]
+
+
+def test_every_input_form_embeds_as_its_text(url: str, embedder: Embedder) -> None:
+    """Token ids, a prompt object and text content parts (joined) are the text; a text after
+    ids gets no special tokens (llama-server's mixed prompt); usage counts what was embedded."""
+    text = "the cat is on the tree"
+    ids = embedder.tokenize(text)
+    mixed_ids = ids[:3] + embedder.tokenize("is on the tree", add_special=False)
+    forms: list[Any] = [
+        text,
+        ids,
+        {"prompt_string": text},
+        {"content": [{"type": "text", "text": "the cat "}, {"type": "text", "text": text[8:]}]},
+        [*ids[:3], "is on the tree"],
+    ]
+    r = post(url, "/v1/embeddings", {"input": forms})
+    assert r.status_code == 200, r.text
+    got = np.array([d["embedding"] for d in r.json()["data"]])
+    want = embedder.embed([ids, ids, ids, ids, mixed_ids])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] == usage["total_tokens"] == 4 * len(ids) + len(mixed_ids)
+    for single in forms[1:4]:
+        one = post(url, "/v1/embeddings", {"input": single}).json()
+        assert len(one["data"]) == 1 and one["usage"]["total_tokens"] == len(ids)
+        np.testing.assert_allclose(one["data"][0]["embedding"], got[0], atol=1e-5)
+    empty = post(url, "/v1/embeddings", {"input": ""})  # the model's BOS alone
+    assert empty.status_code == 200 and empty.json()["usage"]["total_tokens"] == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ([], "non-empty"),
+        ({"content": "string"}, '{"content": [parts]}'),
+        ({"content": [{"type": "unknown"}]}, "unknown content part type 'unknown'"),
+        ({"content": [{"type": "text", "text": 3}]}, "text must be a text"),
+        ({"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}, "not image_url"),
+        ({"content": [{"type": "input_audio", "input_audio": {}}]}, "not input_audio"),
+        (["a", {"content": [{"type": "input_video", "input_video": {}}]}], "input[1].content[0]"),
+        ({"prompt_string": 3}, "prompt_string must be a text"),
+        ({"prompt_string": "x", "multimodal_data": ["AAAA"]}, "reads text only"),
+        ([["a", None]], "input[0]"),
+    ],
+)
+def test_inputs_we_cannot_embed_are_400s(url: str, value: Any, fragment: str) -> None:
+    openai_error(post(url, "/v1/embeddings", {"input": value}), fragment)
+
+
+def test_metrics_count_embedded_tokens(ladder: Pyramid, embedder: Embedder) -> None:
+    """llama-server's counters: embedded tokens are prompt tokens, each batch of inputs a
+    decode, nothing predicted."""
+    http = TestClient(create_app(ladder, ServerSettings(metrics=True), embedder))
+
+    def metrics() -> dict[str, float]:
+        lines = http.get("/metrics").text.splitlines()
+        samples = (x.split(" ") for x in lines if not x.startswith("#") and "{" not in x)
+        return {name: float(value) for name, value in samples}
+
+    before = metrics()
+    r = http.post("/v1/embeddings", json={"input": ["hello world", "goodbye world"]})
+    n = r.json()["usage"]["total_tokens"]
+    assert n == len(embedder.tokenize("hello world")) + len(embedder.tokenize("goodbye world"))
+    after = metrics()
+    for prefix in ("llamacpp:", "pyramid_gguf:"):
+        assert after[prefix + "prompt_tokens_total"] - before[prefix + "prompt_tokens_total"] == n
+        assert after[prefix + "n_decode_total"] - before[prefix + "n_decode_total"] == 1
+        assert after[prefix + "tokens_predicted_total"] == before[prefix + "tokens_predicted_total"]
+    assert after["pyramid_gguf:embedding_tokens_total"] == embedder.counts().tokens
 
 
 # --- Ollama's routes, through the ollama client --------------------------------------------------
@@ -347,3 +422,108 @@ def test_the_python_api_imports_without_a_web_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr[-500:]
+
+
+# --- an encoder: the llama-server suite's tiny BERT, and its shim ---------------------------------
+
+SUITE = Path(__file__).parents[1] / "scripts" / "llama_server_suite"
+BERT_WORDS = ("i", "believe", "the", "meaning", "of", "life", "is", "this", "a", "test", "hello")
+
+
+def _suite_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(
+        f"llama_server_suite_{name}", SUITE / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bert_path(tiny_dir: Path) -> Path:
+    path: Path = _suite_module("tiny_bert").write_tiny_bert(
+        tiny_dir / "bert.gguf", BERT_WORDS, ["s", "ing"]
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def bert(bert_path: Path) -> Iterator[Embedder]:
+    with Embedder.load(bert_path, ONE_THREAD) as e:
+        yield e
+
+
+def test_the_tiny_bert_is_an_encoder_with_wordpiece_and_cls_pooling(bert: Embedder) -> None:
+    assert bert.pooling == "cls" and bert.metadata()["general.architecture"] == "bert"
+    assert bert.n_ctx == 512  # its learned positions
+    text = "I believe the meaning of life is"
+    tokens = bert.tokenize(text)
+    assert len(tokens) == len(text.split()) + 2 and (tokens[0], tokens[-1]) == (101, 102)
+    hellos = bert.tokenize("Hellos")  # a word start and a continuation, lowercased
+    assert len(hellos) == 4 and hellos[1] == bert.tokenize("hello")[1]
+    v = bert.embed([text, "this is a test"])
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    # an encoder: the first (CLS) token's vector sees the words after it
+    assert np.abs(v[0] - bert.embed(["I believe"])[0]).max() > 1e-3
+
+
+def test_an_encoders_batched_inputs_do_not_see_each_other(bert: Embedder) -> None:
+    """Identical inputs in one batch give identical vectors, each as it is alone: attention
+    stays within each input's sequence."""
+    same = "I believe the meaning of life is"
+    texts = [same, "hello world", same, "a test", same, same, same]
+    batched = bert.embed(texts)
+    np.testing.assert_allclose(batched, np.stack([bert.embed([t])[0] for t in texts]), atol=1e-5)
+    assert np.abs(batched[[2, 4, 5, 6]] - batched[0]).max() < 1e-6
+    assert np.abs(batched[1] - batched[0]).max() > 1e-3
+
+
+def test_an_encoders_routes(ladder: Pyramid, bert_path: Path, bert: Embedder) -> None:
+    """usage counts the tokenizer's tokens ([CLS] and [SEP] too); pooling none gives every
+    token's vector unnormalised on /embeddings and a 400 on /v1/embeddings."""
+    http = TestClient(create_app(ladder, ServerSettings(), bert))
+    r = http.post("/v1/embeddings", json={"input": ["I believe the meaning of life is", ""]})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["total_tokens"] == (7 + 2) + 2
+    with Embedder.load(bert_path, EmbeddingConfig(pooling="none", n_threads=1)) as tokens:
+        http = TestClient(create_app(ladder, ServerSettings(), tokens))
+        body = http.post("/embeddings", json={"input": "hello hello hello"}).json()
+        rows = np.array(body[0]["embedding"])
+        assert rows.shape == (5, 64)
+        assert np.all(np.abs(np.linalg.norm(rows, axis=1) - 1) > 1e-3)
+        r = http.post("/v1/embeddings", json={"input": "hello hello hello"})
+        assert r.status_code == 400 and "pooling 'none'" in r.json()["error"]["message"]
+
+
+def test_the_suites_shim_serves_embeddings(
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--embedding``: the model (or, for bge-small, the tiny BERT beside the SmolLM2
+    stand-in) as --embedding-model, with --pooling and inputs up to the micro-batch."""
+    shim = _suite_module("shim")
+    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path))
+    smol = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    smol.parent.mkdir()
+    shutil.copy(tiny_target, smol)
+    bge = ["--hf-repo", "ggml-org/models", "--hf-file", "bert-bge-small/ggml-model-f16.gguf"]
+
+    def pairs(argv: list[str]) -> dict[str, str]:
+        args = shim.translate(argv)
+        return {a: b for a, b in zip(args, [*args[1:], ""], strict=True) if a.startswith("--")}
+
+    args = pairs([*bge, "--embedding", "--pooling", "last", "--ctx-size", "512",
+                  "--parallel", "2", "--batch-size", "128", "--ubatch-size", "128"])  # fmt: skip
+    bert = tmp_path / "llama-server-tests" / "tiny-bert.gguf"
+    assert args["--target"] == str(smol) and args["--embedding-model"] == str(bert)
+    assert args["--pooling"] == "last" and args["--embedding-ctx-size"] == "256"
+    with Embedder.load(bert, ONE_THREAD) as e:
+        assert e.pooling == "cls" and e.tokenize("the")[0] == 101
+    fa = pairs([*bge, "--embedding", "-c", "1024", "-np", "2", "-b", "300", "-ub", "300"])
+    assert fa["--embedding-ctx-size"] == "300" and "--pooling" not in fa
+    own = pairs(["--model", str(smol), "--embedding"])
+    assert own["--target"] == own["--embedding-model"] == str(smol)
+    assert "--embedding-model" not in pairs(["--model", str(smol), "--pooling", "mean"])
+    with pytest.raises(shim.Refused, match="--embedding"):
+        shim.translate(bge)

@@ -199,3 +199,21 @@ def test_lag_counts_from_the_prefix_shared_with_the_committed_text(pyramid: Pyra
     tier.model.eval(committed[:-1])
     assert tier.lag(committed) == 0
     tier.model.reset()
+
+
+def test_summary_names_the_prompt_tokens_reused_from_the_cache(pyramid: Pyramid) -> None:
+    """A prompt the context already holds is mostly not evaluated again: the stats line says how
+    much was reused, so its prompt rate (evaluated tokens per second) is not read as slow."""
+    tokens = pyramid.tokenize(PROMPTS[3])
+    pyramid.generate(pyramid.tokenize(PROMPTS[2]), GREEDY, SpecConfig(mode="target"))
+    first = pyramid.generate(tokens, GREEDY, SpecConfig(mode="target")).stats
+    again = pyramid.generate(tokens, GREEDY, SpecConfig(mode="target")).stats
+    assert 0 < again.prompt_evaluated < first.prompt_evaluated <= len(tokens)
+    for stats in (first, again):
+        cached = len(tokens) - stats.prompt_evaluated
+        said = (
+            f"prompt {len(tokens)} tok ({cached} cached) "
+            if cached
+            else f"prompt {len(tokens)} tok "
+        )
+        assert stats.summary().startswith(said)

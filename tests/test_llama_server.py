@@ -130,7 +130,7 @@ def test_apply_template_renders_the_chat_prompt(live: Live) -> None:
     same = post(live, "/apply-template", {"messages": MESSAGES, "temperature": 0, "model": "x"})
     assert same.json() == r.json()
     bad(post(live, "/apply-template", {"messages": []}), "messages")
-    bad(post(live, "/apply-template", {"messages": MESSAGES, "chat_template_kwargs": {"a": 1}}))
+    bad(post(live, "/apply-template", {"messages": MESSAGES, "chat_template_kwargs": [1]}))
     bad(post(live, "/apply-template", {"messages": MESSAGES, "tools": [{"type": "x"}]}), "tools")
 
 
@@ -147,6 +147,24 @@ def test_apply_template_renders_tools(tiny_target: Path) -> None:
         assert "get_weather" not in post(live, "/apply-template", hidden, {}).json()["prompt"]
         props = httpx.get(f"{live.url}/props").json()
         assert props["chat_template"] == QWEN_TEMPLATE
+
+
+def test_chat_template_kwargs_reach_apply_template_and_input_tokens(tiny_target: Path) -> None:
+    """A request's ``chat_template_kwargs`` override the server's in every route that renders a
+    chat: the prompt ``/apply-template`` shows, the count ``input_tokens`` gives, the answer."""
+    template = "{% for m in messages %}{{ m.content }}{% endfor %} | {{ mood }}"
+    pyramid = Pyramid.from_paths(tiny_target, load=TINY_LOAD, name="tiny")
+    settings = ServerSettings(chat_template=template, chat_template_kwargs={"mood": "calm"})
+    with pyramid, live_server(pyramid, settings) as live:
+        calm = post(live, "/apply-template", {"messages": MESSAGES}, {}).json()["prompt"]
+        body = {"messages": MESSAGES, "chat_template_kwargs": {"mood": "a storm of words"}}
+        stormy = post(live, "/apply-template", body, {}).json()["prompt"]
+        assert calm.endswith(" | calm") and stormy.endswith(" | a storm of words")
+        for prompt, ask in ((calm, {"messages": MESSAGES}), (stormy, body)):
+            counted = post(live, "/chat/completions/input_tokens", ask, {}).json()
+            assert counted["input_tokens"] == len(live.pyramid.tokenize(prompt))
+        answer = post(live, "/v1/chat/completions", {**body, "max_tokens": 1}, {}).json()
+        assert answer["usage"]["prompt_tokens"] == len(live.pyramid.tokenize(stormy))
 
 
 def test_props_as_llama_server(live: Live) -> None:
@@ -567,7 +585,7 @@ def test_the_suites_shim_maps_llama_servers_flags_or_refuses_them(tmp_path: Path
     assert "--no-jinja" not in args and "--metrics" in args and "--no-metrics" not in args
     quiet = shim.translate(["--model", model, "--no-slots", "--reasoning", "on"])
     assert "--no-metrics" in quiet and "--no-slots" in quiet  # llama-server's defaults
-    for refused in (["--context-shift"], ["--lora", "x"], ["--alias", "a,b"], ["--embedding"]):
+    for refused in (["--context-shift"], ["--lora", "x"], ["--alias", "a,b"], ["--reranking"]):
         with pytest.raises(shim.Refused):
             shim.translate(["--model", model, *refused])
     with pytest.raises(shim.Refused, match="no local stand-in"):

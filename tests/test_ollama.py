@@ -16,11 +16,12 @@ import httpx
 import jsonschema
 import ollama
 import pytest
+from conftest import TINY_CHAT_LOAD
 from test_server import live_server
 from test_structured import KEYED
-from test_tools import QWEN_TEMPLATE, TINY_CHAT_LOAD, TINY_MESSAGES, TINY_TOOLS
+from test_tools import QWEN_TEMPLATE, TINY_MESSAGES, TINY_TOOLS
 
-from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf import Pyramid, SamplingConfig
 from pyramid_gguf.serving.ollama import sampling_of
 from pyramid_gguf.serving.settings import ServerSettings
 
@@ -31,13 +32,10 @@ DURATIONS = ("total_duration", "prompt_eval_duration", "eval_duration")
 
 
 @pytest.fixture(scope="module")
-def url(tiny_target: Any, tiny_draft: Any) -> Iterator[str]:
-    with Pyramid.from_paths(
-        tiny_target, draft=tiny_draft, load=TINY_CHAT_LOAD, spec=SpecConfig(mode="sd"), name="tiny"
-    ) as p:
-        settings = ServerSettings(chat_template=QWEN_TEMPLATE, api_key=KEY)
-        with live_server(p, settings) as live:
-            yield live.url
+def url(tiny_chat: Pyramid) -> Iterator[str]:
+    settings = ServerSettings(chat_template=QWEN_TEMPLATE, api_key=KEY)
+    with live_server(tiny_chat, settings) as live:
+        yield live.url
 
 
 @pytest.fixture()

@@ -19,9 +19,9 @@ import openai
 import pydantic
 import pytest
 from test_server import live_server
-from test_tools import QWEN_TEMPLATE, TINY_CHAT_LOAD, TINY_TOOLS
+from test_tools import QWEN_TEMPLATE, TINY_TOOLS
 
-from pyramid_gguf import Pyramid, SpecConfig
+from pyramid_gguf import Pyramid
 from pyramid_gguf.serving.settings import ServerSettings
 
 KEY = "sk-responses"
@@ -32,13 +32,10 @@ SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
-def live(tiny_target: Any, tiny_draft: Any) -> Iterator[tuple[str, Pyramid]]:
-    pyramid = Pyramid.from_paths(
-        tiny_target, draft=tiny_draft, load=TINY_CHAT_LOAD, spec=SpecConfig(mode="sd"), name="tiny"
-    )
+def live(tiny_chat: Pyramid) -> Iterator[tuple[str, Pyramid]]:
     settings = ServerSettings(api_key=KEY, chat_template=QWEN_TEMPLATE)
-    with pyramid, live_server(pyramid, settings) as server:
-        yield server.url, pyramid
+    with live_server(tiny_chat, settings) as server:
+        yield server.url, tiny_chat
 
 
 @pytest.fixture()
@@ -155,6 +152,33 @@ def test_streamed_events_rebuild_the_whole_answer(client: openai.OpenAI) -> None
     final = events[-1].response
     assert final.id == events[0].response.id and final.output[0].content[0].text == deltas
     assert whole.usage is not None and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_llama_servers_stream_telemetry(client: openai.OpenAI) -> None:
+    """llama-server's extensions: ``return_progress`` (a ``response.in_progress`` event with the
+    prompt's progress), ``timings_per_token`` (``timings`` on every text delta); the last event
+    carries the answer's ``timings`` either way."""
+    telemetry = {"timings_per_token": True, "return_progress": True}
+    ask: dict[str, Any] = {**ASK, "max_output_tokens": 6, "stream": True}
+    events: list[Any] = list(client.responses.create(**ask, extra_body=telemetry))
+    final = events[-1].model_extra
+    (progress,) = [
+        e.model_extra["prompt_progress"]
+        for e in events
+        if "prompt_progress" in (e.model_extra or {})
+    ]
+    usage = events[-1].response.usage
+    assert progress["total"] == progress["processed"] == usage.input_tokens > 0
+    assert (
+        progress["cache"] == usage.input_tokens_details.cached_tokens and progress["time_ms"] >= 0
+    )
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert deltas and all(e.model_extra["timings"]["predicted_n"] >= 1 for e in deltas)
+    assert final["timings"] == events[-1].response.model_extra["timings"]
+    assert final["timings"]["predicted_n"] == usage.output_tokens
+    plain = list(client.responses.create(**ask))
+    assert not any("prompt_progress" in (e.model_extra or {}) for e in plain)
+    assert not any("timings" in (e.model_extra or {}) for e in plain[:-1])
 
 
 def test_responses_stream_gets_the_final_response(client: openai.OpenAI) -> None:

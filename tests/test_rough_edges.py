@@ -325,6 +325,27 @@ def test_serve_on_a_busy_port_fails_before_loading(
     one_error_line(code, err, "cannot listen on no.such.host.invalid:8080")
 
 
+@pytest.mark.parametrize(("flags", "shared"), [((), True), (("--no-ngram-pool",), False)])
+def test_serve_shares_earlier_answers_with_the_ngram_drafter_unless_told(
+    tiny_target: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], shared: bool
+) -> None:
+    from pyramid_gguf.cli import serve
+
+    seen: list[bool] = []
+
+    def capture(*args: object, share_ngrams: bool, **kwargs: object) -> None:
+        seen.append(share_ngrams)
+        raise UserError("stopped before loading")
+
+    monkeypatch.setattr(serve, "load_pyramid", capture)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    code, _, err = invoke("serve", "--target", str(tiny_target), "--port", port, *flags)
+    one_error_line(code, err, "stopped before loading")
+    assert seen == [shared]
+
+
 # --- also seen: small contexts and a mode without its tiers -------------------------------------
 
 

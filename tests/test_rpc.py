@@ -9,6 +9,7 @@ servers are one line, never llama.cpp's abort), a server killed mid-generation (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +31,8 @@ from test_lossless import HOT, PROMPT, joint, pairs
 from pyramid_gguf import Pyramid
 from pyramid_gguf.core.endpoints import PROTO_MAJOR, PROTO_MINOR, Endpoint, parse_endpoints, probe
 from pyramid_gguf.core.errors import UserError
+from pyramid_gguf.core.gguf_header import read_header
+from pyramid_gguf.core.ladder import LadderPaths
 from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.core.remote import RpcConfig
 from pyramid_gguf.core.sampling import SamplingConfig
@@ -186,8 +189,6 @@ def test_rpc_tiers_place_only_the_named_tiers() -> None:
 def ladder(paths: tuple[Path, Path, Path], endpoint: str | None, mode: str, **load: object):
     target, qualifier, draft = paths
     cfg = LoadConfig(**{**TINY_LOAD.__dict__, **load})
-    from pyramid_gguf.core.ladder import LadderPaths
-
     return Pyramid.load(
         LadderPaths.of(target, qualifier, draft),
         load=cfg,
@@ -235,6 +236,72 @@ def test_sampled_tokens_over_rpc_follow_the_target(
         )
     assert chi_square_pvalue(sampled, want) > 0.001
     assert chi_square_pvalue(sampled, draft_joint) < 1e-4  # the test has the power to tell
+
+
+# --- what crosses the wire -------------------------------------------------------------------
+
+
+class CountingRelay:
+    """A loopback TCP relay in front of an RPC server, counting the bytes that come back."""
+
+    def __init__(self, to: str) -> None:
+        host, port = to.rsplit(":", 1)
+        self.to = (host, int(port))
+        self.back = 0
+        self._lock = threading.Lock()
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self._srv.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self._srv.accept()
+            server = socket.create_connection(self.to)
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, back: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                if back:
+                    with self._lock:
+                        self.back += len(data)
+                dst.sendall(data)
+            # the end passed on at once (a close() would wait for the other pump's recv): the
+            # server serves one client at a time and must see the last one go
+            dst.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture(scope="session")
+def relay(rpc_server: str) -> CountingRelay:
+    """The session's RPC server behind a counting relay; it lives as long (see rpc_server)."""
+    return CountingRelay(rpc_server)
+
+
+def test_the_output_layer_stays_here_unless_asked(tiny_target: Path, relay: CountingRelay) -> None:
+    """By default every repeating layer is on the server and the head here: an evaluation
+    brings back the hidden state (n_embd floats), never a row of logits (n_vocab); with
+    ``--rpc-output`` the logits cross. (llama.cpp's ``n_gpu_layers`` cannot say this: it
+    offloads the head with the last layers, so ``n_layer`` kept layer 0 here instead.)"""
+    steps = 8
+    back: dict[bool, float] = {}
+    for there in (False, True):
+        rpc = RpcConfig((relay.endpoint,), remote_output=there)
+        with Pyramid.load(LadderPaths.of(tiny_target, None, None), load=TINY_LOAD, rpc=rpc) as p:
+            weights = p.ladder.target.loaded.weight_buffers
+            assert any(k.startswith("RPC") for k in weights), weights
+            prompt = p.tokenize(PROMPT)
+            p.generate(prompt, SamplingConfig(temperature=0, max_tokens=2))  # the prompt, cached
+            n_vocab = p.ladder.target.n_vocab
+            before = relay.back
+            greedy = SamplingConfig(temperature=0, max_tokens=steps, ignore_eos=True)
+            got = p.generate(prompt, greedy, SpecConfig(mode="target"))
+            assert len(got.token_ids) == steps
+            back[there] = (relay.back - before) / steps  # one evaluation per token
+    n_embd = int(read_header(tiny_target).metadata["llama.embedding_length"])
+    assert 4 * n_embd <= back[False] < 4 * n_vocab <= back[True], (back, n_embd, n_vocab)
 
 
 # --- the CLI ----------------------------------------------------------------------------------

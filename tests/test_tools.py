@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from conftest import TINY_LOAD
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from test_server import Live, live_server
 from test_structured import bad_request
@@ -388,22 +387,12 @@ TINY_TOOLS = [
     function("get_time", "Time", {"tz": {"type": "string", "maxLength": 6}}),
 ]
 TINY_MESSAGES = [{"role": "user", "content": "the model"}]
-#: The Qwen2.5 prompt with tools is long in the tiny vocabulary's bytes.
-TINY_CHAT_LOAD = replace(TINY_LOAD, n_ctx=2048, n_batch=512)
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_target: Path, tiny_draft: Path) -> Iterator[Pyramid]:
-    with Pyramid.from_paths(
-        tiny_target, draft=tiny_draft, load=TINY_CHAT_LOAD, spec=SpecConfig(mode="sd"), name="tiny"
-    ) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def tiny_server(tiny: Pyramid) -> Iterator[str]:
+def tiny_server(tiny_chat: Pyramid) -> Iterator[str]:
     """The tiny ladder (``sd``) served with the Qwen2.5 template, whose calls are Hermes'."""
-    with live_server(tiny, ServerSettings(chat_template=QWEN_TEMPLATE)) as live:
+    with live_server(tiny_chat, ServerSettings(chat_template=QWEN_TEMPLATE)) as live:
         yield live.v1
 
 
@@ -511,32 +500,42 @@ def test_tools_and_a_response_format_together_are_400(tiny_server: str) -> None:
     assert r.status_code == 400 and "tools" in r.json()["error"]["message"], r.text
 
 
-def test_tools_need_a_template_with_a_call_format(tiny: Pyramid) -> None:
-    """The tiny GGUF's own template renders no tools: tools are refused, not ignored."""
-    with live_server(tiny, ServerSettings()) as live:
-        r = tiny_post(live.v1, {"tools": TINY_TOOLS})
-        assert r.status_code == 400 and "tool-call format" in r.json()["error"]["message"], r.text
+def test_a_template_without_a_call_format_gets_the_generic_one(tiny_chat: Pyramid) -> None:
+    """The tiny GGUF's own template writes no tool calls: tools are answered in llama.cpp's
+    generic JSON format (a forced call comes back as a call), never ignored."""
+    with live_server(tiny_chat, ServerSettings()) as live:
+        forced = {"tools": TINY_TOOLS, "tool_choice": named("get_time"), "max_tokens": 120}
+        r = tiny_post(live.v1, forced)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_time" and CALL_ID.fullmatch(call["id"])
+        arguments = json.loads(call["function"]["arguments"])
+        jsonschema.validate(arguments, TINY_TOOLS[1]["function"]["parameters"])
         none = tiny_post(live.v1, {"tools": TINY_TOOLS, "tool_choice": "none"})
         assert none.status_code == 200, none.text  # nothing to call: answered as plain chat
-    with pytest.raises(UserError, match="tool-call format"):
-        create_chat_completion(tiny, TINY_MESSAGES, tools=TINY_TOOLS)
 
 
 @pytest.mark.parametrize(("body", "param", "fragments"), BAD_TOOL_REQUESTS)
 def test_create_chat_completion_refuses_bad_tools_in_one_line(
-    tiny: Pyramid, body: dict[str, Any], param: str, fragments: list[str]
+    tiny_chat: Pyramid, body: dict[str, Any], param: str, fragments: list[str]
 ) -> None:
     del param
     with pytest.raises(UserError) as e:
         create_chat_completion(
-            tiny, TINY_MESSAGES, SamplingConfig(max_tokens=4), chat_template=QWEN_TEMPLATE, **body
+            tiny_chat,
+            TINY_MESSAGES,
+            SamplingConfig(max_tokens=4),
+            chat_template=QWEN_TEMPLATE,
+            **body,
         )
     assert all(f in str(e.value) for f in fragments) and "\n" not in str(e.value)
 
 
-def test_create_chat_completion_answers_with_tool_calls(tiny: Pyramid) -> None:
+def test_create_chat_completion_answers_with_tool_calls(tiny_chat: Pyramid) -> None:
     out = create_chat_completion(
-        tiny,
+        tiny_chat,
         TINY_MESSAGES,
         SamplingConfig(temperature=0, max_tokens=120),
         chat_template=QWEN_TEMPLATE,

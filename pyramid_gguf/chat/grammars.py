@@ -41,15 +41,19 @@ def marker(text: str, special: Container[str]) -> str:
     return text if text in special else literal(text)
 
 
-def call_rules(tools: Sequence[Tool], arguments_key: str, *, after: str = "") -> list[str]:
+def call_rules(
+    tools: Sequence[Tool], arguments_key: str, *, after: str = "", tail: str = ""
+) -> list[str]:
     """Rule ``call`` (a call of any of ``tools``) and its parts, minus the text ``after`` that
-    opened it already (a lazy trigger's text)."""
+    opened it already (a lazy trigger's text); ``tail``, a Lark expression, comes after the
+    arguments, before the call's closing brace (the generic format's ``, "id": ...``)."""
     lines = ["call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
         head = f'{{"name": "{tool.name}", "{arguments_key}": '
         assert head.startswith(after), (head, after)
         schema = {**closed_schema(dict(tool.parameters)), "x-guidance": dict(JSON_LAYOUT)}
-        lines.append(f'call_{i}: {literal(head[len(after) :])} args_{i} "}}"')
+        parts = [literal(head[len(after) :]), f"args_{i}", *([tail] if tail else []), '"}"']
+        lines.append(f"call_{i}: {' '.join(parts)}")
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return lines
 

@@ -28,6 +28,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..core.errors import UserError
+from .generic import GenericFormat
 from .named import named_template
 from .toolcalls import ToolCallFormat, detect_tool_format
 from .tools import Tool
@@ -95,15 +96,15 @@ class ChatTemplate:
         return cls(named_template(name), f"llama.cpp {name}")
 
     @property
-    def tool_format(self) -> ToolCallFormat | None:
-        """The format the template renders tool calls in, None if it has none we parse."""
-        return detect_tool_format(self.source)
+    def tool_format(self) -> ToolCallFormat:
+        """The format the template renders tool calls in; llama.cpp's generic JSON format
+        (taught in the system message) when it renders none we read."""
+        return detect_tool_format(self.source) or GenericFormat()
 
     @property
     def name(self) -> str:
         """Which template, and which tool calls, for ``run -v``."""
-        fmt = self.tool_format
-        return f"{self.origin} (tool calls: {fmt.name if fmt else 'none'})"
+        return f"{self.origin} (tool calls: {self.tool_format.name})"
 
     def render(
         self,

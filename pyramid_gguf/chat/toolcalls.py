@@ -2,7 +2,9 @@
 
 A format parses an answer into content and calls (whole, or partially while it streams) and
 writes the grammars that constrain calls. :func:`detect_tool_format` picks one from the
-template; :func:`constraint` builds what a request's ``tool_choice`` asks for.
+template; where it finds none, llama.cpp's generic JSON format (:mod:`.generic`, taught in the
+system message) serves any template. :func:`constraint` builds what a request's
+``tool_choice`` asks for.
 
 Integration notes: ``special`` is the set of a format's ``markers`` that are single special
 tokens of the model's vocabulary (llguidance's ``<name>`` syntax matches only those); the text
@@ -20,6 +22,7 @@ from typing import Protocol
 
 from ..core.grammar import Grammar, Trigger
 from .calls import CallIds, Delta, Message, diff
+from .generic import GenericFormat
 from .grammars import ToolConstraint
 from .hermes import HermesFormat
 from .llama3 import Llama3Format
@@ -35,7 +38,7 @@ class ToolCallFormat(Protocol):
 
     @property
     def name(self) -> str:
-        """A short name for ``run -v``: ``hermes``, ``llama3-json``."""
+        """A short name for ``run -v``: ``hermes``, ``llama3-json``, ``generic``."""
         ...
 
     @property
@@ -66,7 +69,7 @@ class ToolCallFormat(Protocol):
 
 def detect_tool_format(template: str) -> ToolCallFormat | None:
     """The tool-call format a chat template renders calls in; None for a template without one
-    we parse (Qwen3-Coder's XML ``<function=...>`` calls, say)."""
+    we parse (Qwen3-Coder's XML ``<function=...>`` calls, say): :class:`GenericFormat` then."""
     if "<tool_call>" in template and _NAME_KEY.search(template) and "<function=" not in template:
         return HermesFormat()
     if "<|start_header_id|>" in template and _PARAMETERS_KEY.search(template):
@@ -78,11 +81,14 @@ def constraint(
     fmt: ToolCallFormat, request: ToolRequest, special: Container[str]
 ) -> ToolConstraint | None:
     """What constrains the answer to ``request``: a grammar for all of it (``required``, a named
-    function), triggers for calls in free text (``auto``), or nothing (``none``)."""
+    function), triggers for calls in free text (``auto``; the generic format's answer is JSON
+    from the start, a call or a response), or nothing (``none``)."""
     tools = request.callable
     if not tools:
         return None
     if request.choice.mode == "auto":
+        if isinstance(fmt, GenericFormat):
+            return ToolConstraint(fmt.auto_grammar(tools, request.parallel))
         return ToolConstraint(None, fmt.triggers(tools, request.parallel, special))
     parallel = request.parallel and request.choice.mode == "required"
     return ToolConstraint(fmt.required_grammar(tools, parallel, special))

@@ -118,6 +118,14 @@ __all__ = ["serve"]
     "'{\"enable_thinking\": false}'); a request's chat_template_kwargs override them.",
 )
 @click.option(
+    "--ngram-pool/--no-ngram-pool",
+    default=True,
+    show_default=True,
+    help="Let the n-gram drafter search earlier answers too (a repeated or similar request "
+    "drafts from them; lossless modes stay lossless). --no-ngram-pool: each request drafts "
+    "from its own text only.",
+)
+@click.option(
     "--model-name",
     "--alias",
     "model_name",
@@ -200,7 +208,7 @@ def serve(**params: Any) -> None:
         embedder = load_embedder(params, args.load)
         resolved = resolve_ladder(args)
         spec = spec_config_from(params, resolved.spec)
-        with load_pyramid(args, resolved, spec, share_ngrams=True) as pyramid:
+        with load_pyramid(args, resolved, spec, share_ngrams=params["ngram_pool"]) as pyramid:
             _serve(pyramid, settings, sockets, params, embedder)
     finally:
         if embedder is not None:

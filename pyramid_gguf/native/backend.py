@@ -159,3 +159,10 @@ def ftype_names() -> dict[str, int]:
         for name in dir(llama_cpp)
         if name.startswith(prefix)
     }
+
+
+class Override(ctypes.Structure):
+    """``struct llama_model_tensor_buft_override`` (llama.h): tensors whose name matches
+    ``pattern`` (a regex) load into buffer type ``buft``; an array ends with a NULL pattern."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]

@@ -43,7 +43,7 @@ from llama_cpp._ctypes_extensions import load_shared_library
 from ..core.errors import ModelFileError
 from ..core.gguf_header import TensorInfo, read_header
 from ..core.load import LoadConfig
-from .backend import init_backend, supports_gpu_offload
+from .backend import Override, init_backend, supports_gpu_offload
 
 #: Weights llama.cpp multiplies with ``GGML_OP_MUL_MAT`` (``LLM_TENSOR_INFOS`` in
 #: src/llama-arch.cpp of llama-cpp-python 0.3.36), ``%d`` standing for a layer number; the
@@ -272,12 +272,6 @@ def override_patterns(names: Iterable[str]) -> list[str]:
 # --- the placement of one load ------------------------------------------------------------------
 
 
-class _Override(ctypes.Structure):
-    """``struct llama_model_tensor_buft_override`` (llama.h)."""
-
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
 @dataclass(frozen=True)
 class Placement:
     """How a load places weights.
@@ -298,7 +292,7 @@ class Placement:
             return None
         buft = extra_buffer_types()[REPACK]
         patterns = [p.encode() for p in override_patterns(self.names)]
-        array = (_Override * (len(patterns) + 1))(*(_Override(p, buft) for p in patterns))
+        array = (Override * (len(patterns) + 1))(*(Override(p, buft) for p in patterns))
         # llama_cpp declares the field c_void_p (its stub says an array): an address goes in.
         params.tensor_buft_overrides = ctypes.addressof(array)  # type: ignore[assignment]
         return array, patterns
@@ -367,7 +361,7 @@ def peer_llama(path: Path, cfg: LoadConfig, **kwargs: Any) -> llama_cpp.Llama:
     def params() -> llama_cpp.llama_model_params:
         p = default_params()
         keep.append(placement.apply(p))
-        keep.append(remote_devices(path, cfg, p))  # this machine's devices, RPC servers' if asked
+        keep.append(remote_devices(cfg, p))  # this machine's devices, RPC servers' if asked
         return p
 
     with _PEER_LOCK:  # Llama() reads llama_model_default_params once, in its constructor

@@ -147,7 +147,8 @@ class EmbeddingModel:
     """A model loaded for embeddings only, with its context and batch, freed by :meth:`close`.
 
     ``n_embd``: the length of every vector; ``n_ctx``: the most tokens of one input;
-    ``pooling``: the pooling llama.cpp runs (:data:`POOLING`'s names).
+    ``pooling``: the pooling llama.cpp runs (:data:`POOLING`'s names); ``decodes``: the
+    ``llama_decode`` calls made so far.
     """
 
     def __init__(self, path: str | os.PathLike[str], cfg: EmbeddingConfig | None = None) -> None:
@@ -161,6 +162,7 @@ class EmbeddingModel:
             n_threads_batch=self.cfg.n_threads,
         )
         self._lock = threading.Lock()
+        self.decodes = 0
         self._model = ModelHandle(self.path, load)
         try:
             self._check_model()
@@ -256,8 +258,8 @@ class EmbeddingModel:
                 raise UserError(f"input {i} is empty: no tokens to embed")
             if len(tokens) > self.n_ctx:
                 raise ContextOverflow(
-                    f"input {i} has {len(tokens)} tokens, more than the embedding model's "
-                    f"context of {self.n_ctx} (--embedding-ctx-size)"
+                    f"input {i} is too large to process: {len(tokens)} tokens, more than the "
+                    f"embedding model's context of {self.n_ctx} (--embedding-ctx-size)"
                 )
             bad = next((t for t in tokens if not 0 <= int(t) < n_vocab), None)
             if bad is not None:
@@ -296,6 +298,7 @@ class EmbeddingModel:
         ]
         self._batch.fill(entries)
         rc = llama_cpp.llama_decode(ctx, self._batch.ptr)
+        self.decodes += 1
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} for {self.path.name}")
         d = self.n_embd

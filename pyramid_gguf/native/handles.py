@@ -44,7 +44,7 @@ class ModelHandle:
         #: What the tensor overrides point into, kept as long as the model.
         self._overrides = self.placement.apply(params)
         #: The RPC devices' array (``params.devices``), kept as long as the model.
-        self._devices = remote_devices(path, cfg, params)
+        self._devices = remote_devices(cfg, params)
         #: Contexts made from this model, freed before it.
         self.contexts: list[ContextHandle] = []
         with captured_log() as log:

@@ -34,9 +34,8 @@ import llama_cpp
 
 from ..core.endpoints import Endpoint, parse_endpoints, probe
 from ..core.errors import UserError
-from ..core.gguf_header import read_header
 from ..core.load import LoadConfig
-from .backend import init_backend
+from .backend import Override, init_backend
 
 REBUILD = (
     "this llama-cpp-python is built without llama.cpp's RPC backend: rebuild it with CMAKE_ARGS=\""
@@ -171,23 +170,54 @@ def device_array(devs: Sequence[RemoteDevice], local: Sequence[int] = ()) -> Any
     return (ctypes.c_void_p * (len(ptrs) + 1))(*ptrs, None)
 
 
-def remote_devices(path: Path, cfg: LoadConfig, params: Any) -> Any:
+#: The output layer's tensors (llama.cpp's names; a model whose output reuses the token
+#: embeddings loads them as a second ``token_embd.weight``, which the input layer already
+#: keeps here): pinned to this machine's CPU unless ``--rpc-output``.
+OUTPUT_TENSORS = (r"^output\.", r"^output_norm\.", r"^token_embd\.")
+
+
+@dataclass(frozen=True)
+class RemotePlacement:
+    """What ``llama_model_params`` points at while a model loads: the device array and the
+    tensor overrides (None without). Keep it alive as long as the model."""
+
+    devices: Any
+    overrides: Any
+
+
+def remote_devices(cfg: LoadConfig, params: Any) -> RemotePlacement | None:
     """Point ``params`` (``llama_model_params``) at ``cfg.rpc``'s devices, this machine's GPUs
-    first, with every repeating layer on them and the output layer too only with
-    ``cfg.rpc_output`` (llama.cpp counts it as one more layer). A model without ``cfg.rpc``
-    in a process that registered RPC servers gets this machine's devices only (left to
-    itself llama.cpp would use every registered device). The array to keep alive, or None."""
+    first, with every layer on them but the output layer, which stays on this machine's CPU
+    (:data:`OUTPUT_TENSORS`, llama.cpp's tensor overrides: ``-ot``) unless ``cfg.rpc_output``:
+    a verified row then brings back ``n_embd`` floats, not ``n_vocab`` logits. (``n_gpu_layers``
+    cannot say it: llama.cpp offloads the last ``n`` of the repeating layers and the output
+    layer together, so ``n_layer`` would keep layer 0 here and still send the logits.) A model
+    without ``cfg.rpc`` in a process that registered RPC servers gets this machine's devices
+    only (left to itself llama.cpp would use every registered device). None without RPC."""
     if not cfg.rpc and not _registered:
         return None
     remote = devices(parse_endpoints(cfg.rpc)) if cfg.rpc else ()
     local = [ptr for ptr, kind in _local_devices() if kind in _GPU]
     array = device_array(remote, local)
     params.devices = ctypes.cast(array, ctypes.c_void_p)
+    overrides = None
     if cfg.rpc and cfg.n_gpu_layers < 0:
-        meta = read_header(path).metadata
-        n_layer = int(meta.get(f"{meta.get('general.architecture', 'llama')}.block_count", 0))
-        params.n_gpu_layers = 0x7FFFFFFF if cfg.rpc_output or not n_layer else n_layer
-    return array
+        params.n_gpu_layers = 0x7FFFFFFF
+        if not cfg.rpc_output:
+            overrides = output_here()
+            params.tensor_buft_overrides = ctypes.addressof(overrides)
+    return RemotePlacement(array, overrides)
+
+
+def output_here() -> Any:
+    """A NULL-terminated ``llama_model_tensor_buft_override[]`` putting
+    :data:`OUTPUT_TENSORS` in the CPU buffer type (llama.cpp then also considers its repacked
+    forms, as for any CPU weight)."""
+    base = llama_cpp.llama_cpp._lib
+    base.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    cpu = base.ggml_backend_cpu_buffer_type()
+    rows = [Override(p.encode(), cpu) for p in OUTPUT_TENSORS]
+    return (Override * (len(rows) + 1))(*rows, Override(None, None))
 
 
 #: ggml's device types: CPU, and the GPUs (``GGML_BACKEND_DEVICE_TYPE_GPU``, ``_IGPU``).

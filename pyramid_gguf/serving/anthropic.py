@@ -3,23 +3,32 @@ when ``stream`` is true) and ``POST /v1/messages/count_tokens``.
 
 A request is a chat like any other: its ``system`` and text blocks become the chat template's
 messages, :meth:`Pyramid.prepare_chat <pyramid_gguf.api.Pyramid.prepare_chat>` renders them, and
-the :class:`~.service.Service` admits the generation (the slots, the queue's 503, the API key
-of the server's middleware apply as on OpenAI's routes). ``max_tokens``, ``stop_sequences``,
+the :class:`~.service.Service` answers it (the slots, the queue's 503, the API key of the
+server's middleware apply as on OpenAI's routes). ``max_tokens``, ``stop_sequences``,
 ``temperature``, ``top_p``, ``top_k`` map onto
 :class:`~pyramid_gguf.core.sampling.SamplingConfig`, ``output_config.format`` (a JSON schema) onto
-the answer's grammar; the speculative knobs (``mode``,
-``l_d``...) are taken at the top level of a body (an extension). What would change the answer
-and is not honoured here is a 400: server tools, images and documents, extended thinking, a
-last assistant message (prefill). Client ``tools`` (``input_schema``) and ``tool_choice``
-(``auto``, ``any``, ``tool``, ``none``) are the chat's tools: the model's calls come back as
-``tool_use`` blocks (``stop_reason: "tool_use"``; streamed whole after the text, each as one
-``input_json_delta``), and ``tool_use`` / ``tool_result`` blocks of earlier turns are rendered
-as the template's calls and results. A streamed answer is ``message_start``, one text block
-(``content_block_start``, ``content_block_delta`` text deltas, ``content_block_stop``),
-``message_delta`` (stop reason, output tokens) and ``message_stop``; the whole answer and
-``message_delta`` carry llama-server's ``timings`` too. Errors are Anthropic's shape,
-``{"type": "error", "error": {"type": ..., "message": ...}}`` (an ``error`` event once a stream
-has begun).
+the answer's grammar; the speculative knobs (``mode``, ``l_d``...) are taken at the top level of
+a body (an extension). What would change the answer and is not honoured here is a 400: server
+tools, images and documents, a last assistant message (prefill). Client ``tools``
+(``input_schema``) and ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``) are the chat's
+tools: the model's calls come back as ``tool_use`` blocks (``stop_reason: "tool_use"``; streamed
+whole after the text, each as one ``input_json_delta``), and ``tool_use`` / ``tool_result``
+blocks of earlier turns are rendered as the template's calls and results.
+
+Extended thinking is the template's: ``thinking`` ``enabled`` (or ``adaptive``) renders the
+chat with ``enable_thinking`` true, ``disabled`` with it false, as thinking models' templates
+(Qwen3's...) read it, and with thinking asked the answer's ``<think>`` part comes back as a
+``thinking`` block before the text (:mod:`.thinking`; its ``signature`` empty: there is nothing
+to sign). A model whose template has no thinking answers without one, within any budget.
+``thinking`` blocks of earlier assistant turns are their ``reasoning_content``, which thinking
+templates render and others leave out, for ``count_tokens`` as for ``messages``.
+
+A streamed answer is ``message_start``, its content blocks (``content_block_start``,
+``content_block_delta`` thinking, text or input deltas, ``content_block_stop``), then
+``message_delta`` (stop reason, output tokens) and ``message_stop``. Only Anthropic's fields:
+no ``timings`` (speculation's statistics are on ``/metrics`` and ``/slots``), as a client that
+validates Anthropic's shape expects. Errors are Anthropic's shape, ``{"type": "error",
+"error": {"type": ..., "message": ...}}`` (an ``error`` event once a stream has begun).
 """
 
 from __future__ import annotations
@@ -34,17 +43,17 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response as HTTPResponse
 
-from ..api import ChatPrompt, GenerationStats, Job, Response
+from ..api import ChatPrompt, GenerationStats, Response
 from ..chat import CallStream, Message, ToolRequest, parse_tool_request
 from ..core.errors import UserError
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingConfig
 from ..grammar import check_grammar
 from .errors import ApiError, error_of
-from .jobs import ClientGone, Deliver, Reader
-from .openai import timings
+from .jobs import Reader
 from .schemas import GenerationRequest
-from .service import Handler, Service, event_stream, json_route, sse
+from .service import Handler, Service, json_route, sse
+from .thinking import OPEN, Thoughts, split
 
 #: Anthropic's error type of each status we answer.
 ERROR_TYPES = {
@@ -57,6 +66,10 @@ ERROR_TYPES = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
+
+
+#: Prompt tokens whose text tells whether the template opened the answer's thinking.
+PROMPT_TAIL = 16
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -92,10 +105,34 @@ class MessagesRequest(BaseModel):
 
     def check_supported(self) -> None:
         """A 400 for what would change the answer and that we do not honour."""
-        if self.thinking and self.thinking.get("type") not in (None, "disabled"):
-            raise ApiError(400, "extended thinking is not supported")
         if any(not s for s in self.stop_sequences or ()):
             raise ApiError(400, "stop_sequences: a stop sequence must not be empty")
+
+    def thinks(self) -> bool | None:
+        """Extended thinking: True (``enabled`` or ``adaptive``), False (``disabled``), None
+        (not asked: the template's default); a 400 for a bad ``thinking``. ``budget_tokens``
+        must be under ``max_tokens``, as Anthropic requires; like Anthropic's, it is a target
+        for the model, and ``max_tokens`` bounds thinking and answer together."""
+        if self.thinking is None:
+            return None
+        kind = self.thinking.get("type")
+        if kind == "disabled":
+            return False
+        if kind not in ("enabled", "adaptive"):
+            raise ApiError(400, 'thinking.type: must be "enabled", "adaptive" or "disabled"')
+        budget = self.thinking.get("budget_tokens")
+        if kind == "adaptive" and budget is None:
+            return True
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise ApiError(400, "thinking.budget_tokens: must be a positive integer")
+        if self.max_tokens is not None and budget >= self.max_tokens:
+            raise ApiError(400, "thinking.budget_tokens: must be less than max_tokens")
+        return True
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The template variables of :meth:`thinks`: ``enable_thinking``, when asked."""
+        thinks = self.thinks()
+        return {} if thinks is None else {"enable_thinking": thinks}
 
     def turns(self) -> list[dict[str, Any]]:
         """The chat template's messages: the system prompt first, each turn's text blocks
@@ -174,15 +211,26 @@ def _text(content: Any, where: str) -> str:
 
 def _turns(role: str, content: Any, where: str) -> list[dict[str, Any]]:
     """One Anthropic message as the chat template's turns (OpenAI's shape): an assistant's
-    ``tool_use`` blocks become its ``tool_calls``, a user's ``tool_result`` blocks ``tool``
-    turns (before the user's text, if any)."""
+    ``tool_use`` blocks become its ``tool_calls`` and its ``thinking`` blocks its
+    ``reasoning_content`` (which templates of thinking models render, and others leave out;
+    ``redacted_thinking`` is Anthropic's encrypted thinking, which no model here can read, and
+    is left out), a user's ``tool_result`` blocks ``tool`` turns (before the user's text, if
+    any)."""
     if not isinstance(content, list):
         return [{"role": role, "content": _text(content, where)}]
     texts: list[dict[str, Any]] = []
-    calls, results = [], []
+    calls, results, thoughts = [], [], []
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "tool_use" and role == "assistant":
+        if kind in ("thinking", "redacted_thinking") and role != "assistant":
+            raise ApiError(400, f"{where}.{j}: {kind} blocks belong to assistant messages")
+        if kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise ApiError(400, f"{where}.{j}.thinking: must be a string")
+            thoughts.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == "tool_use" and role == "assistant":
             name, arguments = block.get("name"), block.get("input", {})
             if not isinstance(name, str) or not isinstance(arguments, dict):
                 raise ApiError(400, f"{where}.{j}: a tool_use block needs a name and an input")
@@ -200,6 +248,8 @@ def _turns(role: str, content: Any, where: str) -> list[dict[str, Any]]:
     text = _text(texts, where)
     if role == "assistant":
         turn: dict[str, Any] = {"role": role, "content": text}
+        if thoughts:
+            turn["reasoning_content"] = "\n\n".join(thoughts)
         return [turn | {"tool_calls": calls}] if calls else [turn]
     return results + ([{"role": role, "content": text}] if text or not results else [])
 
@@ -254,7 +304,10 @@ def _first_error(e: ValidationError) -> ApiError:
 
 
 class Shape:
-    """One answer's id, model and how its parts look."""
+    """One answer's id, model and how its parts look (a :class:`~.service.Shape`). ``calls``
+    reads tool calls out of its text (None: no tools); with ``thinks`` the answer's thinking
+    (:mod:`.thinking`; ``opened``: the prompt opened it) is a ``thinking`` block before the
+    text."""
 
     def __init__(
         self,
@@ -262,12 +315,17 @@ class Shape:
         stops: tuple[str, ...],
         detokenize: Callable[..., str],
         calls: CallStream | None = None,
+        *,
+        thinks: bool = False,
+        opened: bool = False,
     ) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
         self.stops = stops
         self.detokenize = detokenize
         self.calls = calls
+        self.opened = opened
+        self.thoughts = Thoughts(opened) if thinks else None
 
     def stop(self, reason: str | None, text: str, tokens: list[int]) -> tuple[str, str | None]:
         """Anthropic's ``stop_reason`` and ``stop_sequence``. The answer's text ends where a
@@ -306,31 +364,37 @@ class Shape:
         }
 
     def whole(self, steps: list[Response]) -> dict[str, Any]:
-        text = "".join(s.text for s in steps)
+        raw = "".join(s.text for s in steps)
         tokens = [t for s in steps for t in s.token_ids]
         last = steps[-1]
-        reason, sequence = self.stop(last.finish_reason, text, tokens)
-        content = [{"type": "text", "text": text}]
-        if self.calls is not None:
+        reason, sequence = self.stop(last.finish_reason, raw, tokens)
+        content: list[dict[str, Any]] = []
+        text = raw
+        if self.thoughts is not None:
+            thought, text = split(raw, self.opened)
+            content += [_thinking(thought)] if thought else []
+        if self.calls is None:
+            content += [{"type": "text", "text": text}] if text or not content else []
+        else:
             message = self.calls.parse(text)
             uses = tool_uses(message)
-            content = [{"type": "text", "text": message.content}] if message.content else []
+            content += [{"type": "text", "text": message.content}] if message.content else []
             content += uses
             if uses and reason == "end_turn":
                 reason = "tool_use"
         out = self.message(content, last.stats)
         out |= {"stop_reason": reason, "stop_sequence": sequence}
         out["usage"]["output_tokens"] = last.stats.generated_tokens
-        return out | {"timings": timings(last.stats)}
+        return out
 
     async def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
         """The SSE body; leaving early (client gone) cancels the generation."""
         try:
             start = self.message([], first.stats)
             yield sse({"type": "message_start", "message": start}, "message_start")
-            opened = self.calls is None  # with tools, the text block opens at its first text
-            if opened:
-                yield _block_start(0, {"type": "text", "text": ""})
+            blocks = _Blocks()
+            if self.calls is None and self.thoughts is None:  # the text block opens at once
+                yield blocks.add("text", "")[0]
             text, tokens = "", []
             step: Response | None = first
             last = first
@@ -338,29 +402,23 @@ class Shape:
                 last = step
                 text += step.text
                 tokens += step.token_ids
-                piece = step.text if self.calls is None else self.calls.feed(step.text).content
-                if piece:
-                    if not opened:
-                        yield _block_start(0, {"type": "text", "text": ""})
-                        opened = True
-                    yield _block_delta(0, {"type": "text_delta", "text": piece})
+                for event in self._pieces(blocks, *self._split(step.text)):
+                    yield event
                 step = await reader.next()
             uses: list[dict[str, Any]] = []
+            if self.thoughts is not None:
+                for event in self._pieces(blocks, *self.thoughts.finish()):
+                    yield event
             if self.calls is not None:
                 message, rest = self.calls.finish()
                 uses = tool_uses(message)
-                if rest.content:
-                    if not opened:
-                        yield _block_start(0, {"type": "text", "text": ""})
-                        opened = True
-                    yield _block_delta(0, {"type": "text_delta", "text": rest.content})
-            if opened:
-                yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-            for index, use in enumerate(uses, start=int(opened)):
-                yield _block_start(index, use | {"input": {}})
-                arguments = json.dumps(use["input"], ensure_ascii=False)
-                yield _block_delta(index, {"type": "input_json_delta", "partial_json": arguments})
-                yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                for event in blocks.add("text", rest.content) if rest.content else ():
+                    yield event
+            for event in blocks.close():
+                yield event
+            for use in uses:
+                for event in blocks.tool_use(use):
+                    yield event
             reason, sequence = self.stop(last.finish_reason, text, tokens)
             if uses and reason == "end_turn":
                 reason = "tool_use"
@@ -369,7 +427,6 @@ class Shape:
                     "type": "message_delta",
                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
                     "usage": {"output_tokens": last.stats.generated_tokens},
-                    "timings": timings(last.stats),
                 },
                 "message_delta",
             )
@@ -379,6 +436,71 @@ class Shape:
             yield sse(error_body(error.status, error.message), "error")
         finally:
             reader.close()
+
+    def _split(self, piece: str) -> tuple[str, str]:
+        """A step's text as ``(thinking, text)``."""
+        return self.thoughts.feed(piece) if self.thoughts is not None else ("", piece)
+
+    def _pieces(self, blocks: _Blocks, thought: str, said: str) -> list[str]:
+        """The events of a piece of thinking and of text (the text read for tool calls)."""
+        events = blocks.add("thinking", thought) if thought else []
+        content = self.calls.feed(said).content if self.calls is not None else said
+        return events + (blocks.add("text", content) if content else [])
+
+
+def _thinking(thought: str) -> dict[str, Any]:
+    """A ``thinking`` block. Its ``signature`` is empty: Anthropic signs its thinking so that it
+    may check it when it comes back; a local model's thinking has nothing to check."""
+    return {"type": "thinking", "thinking": thought, "signature": ""}
+
+
+class _Blocks:
+    """A streamed message's content blocks, opened and closed in order, indexed from 0."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.kind: str | None = None  # the open block's type
+
+    def add(self, kind: str, piece: str) -> list[str]:
+        """The events adding ``piece`` to a ``thinking`` or ``text`` block: that block opened
+        first (the one before closed) unless it is the open one."""
+        events = []
+        if self.kind != kind:
+            events += self.close()
+            self.index += 1
+            self.kind = kind
+            empty = _thinking("") if kind == "thinking" else {"type": "text", "text": ""}
+            events.append(_block_start(self.index, empty))
+        if piece:
+            events.append(_block_delta(self.index, {"type": f"{kind}_delta", kind: piece}))
+        return events
+
+    def close(self) -> list[str]:
+        """The open block's end (a thinking block's signature first), if one is open."""
+        if self.kind is None:
+            return []
+        events = []
+        if self.kind == "thinking":
+            events.append(_block_delta(self.index, {"type": "signature_delta", "signature": ""}))
+        events.append(
+            sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+        )
+        self.kind = None
+        return events
+
+    def tool_use(self, use: dict[str, Any]) -> list[str]:
+        """A whole ``tool_use`` block: opened, its input as one delta, closed."""
+        events = self.close()
+        self.index += 1
+        arguments = json.dumps(use["input"], ensure_ascii=False)
+        events.append(_block_start(self.index, use | {"input": {}}))
+        events.append(
+            _block_delta(self.index, {"type": "input_json_delta", "partial_json": arguments})
+        )
+        events.append(
+            sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+        )
+        return events
 
 
 def _block_start(index: int, block: dict[str, Any]) -> str:
@@ -410,7 +532,8 @@ def routes(service: Service) -> APIRouter:
         request.check_supported()
         turns, tools = request.turns(), request.tool_request()
         sampling = request.sampling(settings.sampling)
-        chat = pyramid.prepare_chat(turns, sampling, tools, settings.chat_template)
+        kwargs = request.template_kwargs()
+        chat = pyramid.prepare_chat(turns, sampling, tools, settings.chat_template, kwargs)
         return request, chat
 
     def knobs(body: dict[str, Any]) -> Any:
@@ -427,29 +550,23 @@ def routes(service: Service) -> APIRouter:
         parsed, chat = parse(body)
         spec = knobs(body)
 
-        def submit(deliver: Deliver) -> Job:
-            return pyramid.submit(
-                chat.tokens, chat.sampling, spec, deliver=deliver, special=chat.special
-            )
-
         vocab = pyramid.ladder.target.vocab
 
-        def detokenize(tokens: list[int]) -> str:  # as the steps' text is made, piece by piece
-            pieces = b"".join(vocab.token_bytes(t, special=chat.special) for t in tokens)
+        def detokenize(tokens: list[int], special: bool = chat.special) -> str:
+            """As the steps' text is made, piece by piece."""
+            pieces = b"".join(vocab.token_bytes(t, special=special) for t in tokens)
             return pieces.decode("utf-8", errors="replace")
 
-        shape = Shape(parsed.model, chat.sampling.stop, detokenize, chat.reader())
-        admitted = await service.admit(request, submit)
-        if admitted is None:
-            return HTTPResponse(status_code=499)
-        reader, first = admitted
-        if parsed.stream:
-            return event_stream(shape.events(reader, first))
-        try:
-            steps = await service.collect(request, reader, first)
-        except ClientGone:
-            return HTTPResponse(status_code=499)
-        return JSONResponse(shape.whole(steps))
+        opened = detokenize(chat.tokens[-PROMPT_TAIL:], True).rstrip().endswith(OPEN)
+        shape = Shape(
+            parsed.model,
+            chat.sampling.stop,
+            detokenize,
+            chat.reader(),
+            thinks=bool(parsed.thinks()),
+            opened=opened,
+        )
+        return await service.answer(request, service.chat_submit(chat, spec), shape, parsed.stream)
 
     async def count_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
         _, chat = parse(body)

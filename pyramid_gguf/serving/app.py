@@ -80,7 +80,8 @@ def create_app(
     async def metrics() -> HTTPResponse:
         if not settings.metrics:
             raise ApiError(501, "/metrics is off (serve --metrics)", type="not_supported_error")
-        body = render_metrics(pyramid.snapshot(), service.totals)
+        embedded = embedder.counts() if embedder is not None else None
+        body = render_metrics(pyramid.snapshot(), service.totals, embedded)
         response = HTTPResponse(body, media_type=METRICS_TYPE)
         # llama-server's capitals: its tests look the name up in a plain dict
         response.raw_headers.append((b"Process-Start-Time-Unix", started.encode()))

@@ -2,34 +2,24 @@
 
 Each choice is its own generation (its own job in the slots' queue, so they share the slots
 like any other requests), seeded ``seed + index`` when the request has a seed so that the
-answers differ and still repeat. Whole answers are read together and joined into one body
-(``usage.completion_tokens`` sums the choices'); streamed ones interleave their chunks, each
-carrying its choice's ``index``, with one ``usage`` chunk and one ``[DONE]`` at the end.
+answers differ and still repeat, and admitted with the others by
+:meth:`.service.Service.answer_all`. Whole answers are read together and :func:`joined` into
+one body (``usage.completion_tokens`` sums the choices'); streamed ones are :func:`merged`:
+their chunks interleave, each carrying its choice's ``index``, with one ``usage`` chunk and one
+``[DONE]`` at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse
-from starlette.responses import Response as HTTPResponse
-
-from ..api import Job, Response
-from ..chat import CallStream
 from ..core.sampling import SamplingConfig
-from .jobs import ClientGone, Deliver, Reader
 from .openai import ResponseShape
-from .service import Service, event_stream, sse
-
-#: Admits choice ``i``'s generation, given its reader's ``deliver``.
-ChoiceSubmit = Callable[[Deliver, int], Job]
-#: A streamed answer's events from its reader, first step, shape and call reader.
-Events = Callable[[Reader, Response, ResponseShape, CallStream | None], AsyncIterator[str]]
+from .service import sse
 
 
 def seeded(sampling: SamplingConfig, choice: int) -> SamplingConfig:
@@ -39,37 +29,10 @@ def seeded(sampling: SamplingConfig, choice: int) -> SamplingConfig:
     return sampling.with_(seed=sampling.seed + choice)
 
 
-async def answer(
-    service: Service,
-    request: Request,
-    n: int,
-    stream: bool,
-    shape: ResponseShape,
-    submit: ChoiceSubmit,
-    calls: Callable[[], CallStream | None],
-    events: Events,
-) -> HTTPResponse:
-    """``n`` choices of one request, whole or streamed (``shape``: the first choice's)."""
-    shapes = [shape] + [_shape_of(shape, i) for i in range(1, n)]
-    admitted = await _admit_all(service, request, n, submit)
-    if admitted is None:
-        return HTTPResponse(status_code=499)
-    readers = [calls() for _ in range(n)]
-    if stream:
-        gens = [events(r, f, s, c) for (r, f), s, c in zip(admitted, shapes, readers, strict=True)]
-        return event_stream(_merged(gens))
-    try:
-        collected = await asyncio.gather(*(service.collect(request, r, f) for r, f in admitted))
-    except ClientGone:
-        return HTTPResponse(status_code=499)
-    bodies = []
-    for steps, s, c in zip(collected, shapes, readers, strict=True):
-        text = "".join(step.text for step in steps)
-        logprobs = [lp for step in steps for lp in step.logprobs]
-        last = steps[-1]
-        message = c.parse(text) if c is not None else None
-        bodies.append(s.full(text, last.finish_reason, last.stats, logprobs, message))
-    return JSONResponse(_joined(bodies))
+def shapes(shape: ResponseShape, n: int) -> list[ResponseShape]:
+    """The shapes of ``n`` choices: ``shape`` first, then each with the first's id and time,
+    its own index and text offsets."""
+    return [shape] + [_shape_of(shape, i) for i in range(1, n)]
 
 
 def _shape_of(shape: ResponseShape, index: int) -> ResponseShape:
@@ -79,27 +42,14 @@ def _shape_of(shape: ResponseShape, index: int) -> ResponseShape:
     return out
 
 
-async def _admit_all(
-    service: Service, request: Request, n: int, submit: ChoiceSubmit
-) -> list[tuple[Reader, Response]] | None:
-    """Admit every choice (their first steps awaited together); if one is refused (a full
-    queue) the others are closed and its error raised; None when the client left."""
+def joined(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The choices' whole bodies as one (:meth:`.service.Service.answer_all`'s ``join``)."""
+    return bodies[0] if len(bodies) == 1 else _joined(bodies)
 
-    def one(i: int) -> Callable[[Deliver], Job]:
-        return lambda deliver: submit(deliver, i)
 
-    results = await asyncio.gather(
-        *(service.admit(request, one(i)) for i in range(n)), return_exceptions=True
-    )
-    admitted = [r for r in results if isinstance(r, tuple)]
-    failed = [r for r in results if isinstance(r, BaseException)]
-    if failed or len(admitted) < n:
-        for reader, _ in admitted:
-            reader.close()
-        if failed:
-            raise failed[0]
-        return None
-    return admitted
+def merged(gens: Sequence[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The choices' streams as one (:meth:`.service.Service.answer_all`'s ``merge``)."""
+    return gens[0] if len(gens) == 1 else _merged(gens)
 
 
 def _joined(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 --embedding-model``), a model of its own beside the ladder.
 
 - OpenAI's ``POST /v1/embeddings``: ``input`` a text, a list of texts, token ids or lists of
-  token ids; ``encoding_format`` ``float`` or ``base64`` (little-endian float32);
+  token ids, and llama-server's forms too: a list mixing texts and ids (one input), prompt
+  objects ``{"prompt_string": text}`` and ``{"content": [{"type": "text", "text": ...}]}`` (the
+  texts joined; image, audio and video parts are a 400: the model reads text);
+  ``encoding_format`` ``float`` or ``base64`` (little-endian float32);
   ``dimensions`` only as the model's own length (a 400 otherwise: we do not shorten vectors);
   ``model`` ignored (the answer names the embedding model). Answered ``{"object": "list",
   "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}``.
@@ -47,18 +50,67 @@ NO_MODEL = (
 )
 
 
+#: Content parts a text model cannot read (llama-server's multimodal prompt objects).
+MEDIA_PARTS = ("image_url", "input_audio", "input_video")
+
+
 def parse_inputs(value: Any, param: str = "input") -> list[Input]:
     """OpenAI's (and llama-server's) ``input``: a text, token ids (one input; a list mixing
-    ids and texts is llama-server's one mixed prompt), or a list of texts and id lists."""
-    if isinstance(value, str):
-        return [value]
+    ids and texts is llama-server's one mixed prompt), a prompt object, or a non-empty list of
+    texts, id lists and prompt objects."""
+    if isinstance(value, str | dict):
+        return [_input(value, param)]
     if not isinstance(value, list) or not value:
-        raise ApiError(400, f"{param} must be a text, token ids or a non-empty list", param=param)
+        raise ApiError(
+            400,
+            f"{param} must be a text, token ids, a prompt object or a non-empty list",
+            param=param,
+        )
     if any(_is_id(v) for v in value):
         return [_piece_list(value, param)]
-    return [
-        v if isinstance(v, str) else _piece_list(v, f"{param}[{i}]") for i, v in enumerate(value)
-    ]
+    return [_input(v, f"{param}[{i}]") for i, v in enumerate(value)]
+
+
+def _input(value: Any, param: str) -> Input:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return _prompt_object(value, param)
+    return _piece_list(value, param)
+
+
+def _prompt_object(value: dict[str, Any], param: str) -> str:
+    """The text of llama-server's prompt object: ``{"prompt_string": text}`` (without
+    ``multimodal_data``) or ``{"content": [parts]}``, its text parts joined."""
+    if "prompt_string" in value:
+        text = value["prompt_string"]
+        if not isinstance(text, str):
+            raise ApiError(400, f"{param}.prompt_string must be a text", param=param)
+        if value.get("multimodal_data"):
+            raise ApiError(400, f"{param}: the embedding model reads text only", param=param)
+        return text
+    parts = value.get("content")
+    if not isinstance(parts, list):
+        raise ApiError(
+            400,
+            f'{param} must be {{"prompt_string": text}} or {{"content": [parts]}}, the parts '
+            'like {"type": "text", "text": ...}',
+            param=param,
+        )
+    return "".join(_text_part(p, f"{param}.content[{i}]") for i, p in enumerate(parts))
+
+
+def _text_part(part: Any, param: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    if kind in MEDIA_PARTS:
+        raise ApiError(
+            400, f"{param}: the embedding model reads text only, not {kind}", param=param
+        )
+    if kind == "text":
+        raise ApiError(400, f"{param}.text must be a text", param=param)
+    raise ApiError(400, f'{param}: unknown content part type {kind!r} (only "text")', param=param)
 
 
 def _is_id(value: Any) -> bool:

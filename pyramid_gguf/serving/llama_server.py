@@ -20,17 +20,15 @@ not honour is a 400, like every other route's.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import math
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import Response as HTTPResponse
 
@@ -40,11 +38,11 @@ from ..core.errors import UserError
 from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
 from ..core.spec import SpecConfig
 from .errors import ApiError, error_of
-from .jobs import ClientGone, Deliver, Reader
+from .jobs import Deliver, Reader
 from .openai import timings
 from .openai_routes import check_context, register
 from .schemas import ChatCompletionRequest, ChatMessage, GenerationRequest
-from .service import Service, event_stream, sse
+from .service import Service, Submit, sse
 
 #: llama.cpp's ``LLAMA_DEFAULT_SEED``: what ``/props`` shows for a random seed.
 RANDOM_SEED = 0xFFFFFFFF
@@ -71,7 +69,8 @@ class DetokenizeRequest(BaseModel):
 
 
 class ApplyTemplateRequest(BaseModel):
-    """``POST /apply-template``: a chat request's ``messages`` and ``tools``. Its other fields
+    """``POST /apply-template``: a chat request's ``messages``, ``tools`` and
+    ``chat_template_kwargs`` (over the server's ``--chat-template-kwargs``). Its other fields
     (sampling, ``model``...) are ignored: they do not change the prompt; those that would and
     that we do not honour are refused (:data:`_REFUSED`)."""
 
@@ -82,6 +81,7 @@ class ApplyTemplateRequest(BaseModel):
     tool_choice: Any = None
     parallel_tool_calls: Any = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def split_prompt(prompt: Any) -> list[list[str | int]]:
@@ -147,7 +147,6 @@ class NativeCompletionRequest(GenerationRequest):
 #: Fields of ``/apply-template`` that change the prompt and that we do not honour, with the
 #: values that change nothing.
 _REFUSED: dict[str, tuple[Any, ...]] = {
-    "chat_template_kwargs": (None, {}),
     "continue_final_message": (None, False),
     "chat_template": (None,),
 }
@@ -221,6 +220,7 @@ def routes(service: Service) -> APIRouter:
             service.settings.chat_template,
             tools=shown,
             add_generation_prompt=body.add_generation_prompt,
+            template_kwargs=body.chat_template_kwargs,
         )
         return {"prompt": prompt}
 
@@ -228,7 +228,11 @@ def routes(service: Service) -> APIRouter:
         sampling = body.sampling(service.settings.sampling)
         messages = [m.as_dict() for m in body.messages]
         chat = pyramid.prepare_chat(
-            messages, sampling, body.tool_request(), service.settings.chat_template
+            messages,
+            sampling,
+            body.tool_request(),
+            service.settings.chat_template,
+            body.chat_template_kwargs,
         )
         return {"input_tokens": len(chat.tokens)}
 
@@ -251,53 +255,38 @@ def routes(service: Service) -> APIRouter:
         prompts = [tokens_of(parts) for parts in body.prompt]
         if len(prompts) > 1 and body.stream:
             raise ApiError(400, "several prompts are not streamed: send one", param="prompt")
-        answers = await asyncio.gather(
-            *(answer(request, body, t, i) for i, t in enumerate(prompts))
-        )
-        if len(answers) == 1 and isinstance(answers[0], HTTPResponse):
-            return answers[0]  # a stream
-        if any(a is None for a in answers):
-            return HTTPResponse(status_code=499)
-        return JSONResponse(answers[0] if len(answers) == 1 else answers)
-
-    async def answer(
-        request: Request, body: NativeCompletionRequest, tokens: list[int], index: int
-    ) -> HTTPResponse | dict[str, Any] | None:
-        """One prompt's answer: a stream, or its body (None: the client left)."""
         sampling, spec = body.sampling(service.settings.sampling), body.spec(service.spec)
+        settings = generation_settings(
+            sampling, spec, body.stream, end_tokens() if sampling.ignore_eos else ()
+        ) | {"n_probs": body.n_probs}
 
-        def submit(deliver: Deliver) -> Job:
-            top = body.top_logprobs()
-            return pyramid.submit(tokens, sampling, spec, deliver=deliver, logprobs=top)
+        def submit(tokens: list[int]) -> Submit:
+            def go(deliver: Deliver) -> Job:
+                top = body.top_logprobs()
+                return pyramid.submit(tokens, sampling, spec, deliver=deliver, logprobs=top)
 
-        admitted = await service.admit(request, submit)
-        if admitted is None:
-            return None
-        reader, first = admitted
-        shape = NativeShape(
-            model=service.model_name,
-            prompt=b"".join(vocab.token_bytes(t, special=True) for t in tokens).decode(
-                "utf-8", errors="replace"
-            ),
-            settings=generation_settings(
-                sampling, spec, body.stream, end_tokens() if sampling.ignore_eos else ()
+            return go
+
+        def shape(tokens: list[int], index: int) -> NativeShape:
+            text = b"".join(vocab.token_bytes(t, special=True) for t in tokens)
+            return NativeShape(
+                model=service.model_name,
+                prompt=text.decode("utf-8", errors="replace"),
+                settings=settings,
+                stops=sampling.stop,
+                piece=vocab.token_bytes,
+                n_ctx=n_ctx,
+                return_tokens=body.return_tokens,
+                index=index,
             )
-            | {"n_probs": body.n_probs},
-            stops=sampling.stop,
-            piece=vocab.token_bytes,
-            n_ctx=n_ctx,
-            return_tokens=body.return_tokens,
-            index=index,
+
+        return await service.answer_all(
+            request,
+            [submit(t) for t in prompts],
+            [shape(t, i) for i, t in enumerate(prompts)],
+            body.stream,
+            join=lambda bodies: bodies[0] if len(bodies) == 1 else list(bodies),
         )
-        if body.stream:
-            return event_stream(_native_events(reader, first, shape))
-        try:
-            steps = await service.collect(request, reader, first)
-        except ClientGone:
-            return None
-        for step in steps:
-            shape.add(step)
-        return shape.final(steps[-1], stream=False)
 
     for path in ("/completion", "/completions"):
         router.add_api_route(path, completion, methods=["POST"])
@@ -406,6 +395,16 @@ class NativeShape:
     ids: list[int] = field(default_factory=list)
     #: The tokens' log-probabilities (``n_probs``), in ``completion_probabilities``' shape.
     probs: list[dict[str, Any]] = field(default_factory=list)
+
+    def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
+        """The streamed body (:func:`_native_events`)."""
+        return _native_events(reader, first, self)
+
+    def whole(self, steps: list[Response]) -> dict[str, Any]:
+        """The body of the whole answer."""
+        for step in steps:
+            self.add(step)
+        return self.final(steps[-1], stream=False)
 
     def add(self, step: Response) -> None:
         self.texts.append(step.text)

@@ -6,6 +6,8 @@ predicted tokens and seconds, decode calls, busy slots per decode, requests proc
 deferred) and a few of our own (batched tokens per tier, tokens per second now, 503s). Those
 llama-server has are also written under its own names (:data:`LLAMA_CPP`), with its
 ``prompt_tokens_cached_total`` and average throughputs, so its dashboards read ours.
+Embeddings (``serve --embedding-model``) count as llama-server counts them: their tokens as
+prompt tokens, their ``llama_decode`` calls as decodes, nothing predicted.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api import PoolSnapshot
+from ..embeddings import EmbeddingCounts
 from .jobs import Totals
 
 PREFIX = "pyramid_gguf:"
@@ -59,13 +62,26 @@ def _one(name: str, kind: str, help: str, value: float) -> Metric:
     return Metric(name, kind, help, (("", value),))
 
 
-def collect(now: PoolSnapshot, totals: Totals) -> list[Metric]:
-    """Every metric, from the pool's snapshot ``now`` and the server's ``totals``."""
-    t, c = totals, now.batches
+def collect(
+    now: PoolSnapshot, totals: Totals, embedded: EmbeddingCounts | None = None
+) -> list[Metric]:
+    """Every metric, from the pool's snapshot ``now``, the server's ``totals`` and what its
+    embedding model did (``embedded``)."""
+    t, c, e = totals, now.batches, embedded or EmbeddingCounts()
     per_tier = tuple((f'{{tier="{name}"}}', float(n)) for name, n in c.tokens.items())
     return [
-        _one("prompt_tokens_total", "counter", "Prompt tokens evaluated.", t.prompt_evaluated),
-        _one("prompt_seconds_total", "counter", "Prompt processing time.", t.prompt_seconds),
+        _one(
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens evaluated (embedded inputs included).",
+            t.prompt_evaluated + e.tokens,
+        ),
+        _one(
+            "prompt_seconds_total",
+            "counter",
+            "Prompt processing time (embedding included).",
+            t.prompt_seconds + e.seconds,
+        ),
         _one("tokens_predicted_total", "counter", "Generated tokens.", t.generated_tokens),
         _one(
             "tokens_predicted_seconds_total",
@@ -73,7 +89,13 @@ def collect(now: PoolSnapshot, totals: Totals) -> list[Metric]:
             "Generation time, summed over requests.",
             t.generation_seconds,
         ),
-        _one("n_decode_total", "counter", "Batches evaluated (every tier).", c.batches),
+        _one(
+            "n_decode_total",
+            "counter",
+            "Batches evaluated (every tier, and the embedding model's).",
+            c.batches + e.decodes,
+        ),
+        _one("embedding_tokens_total", "counter", "Tokens of embedded inputs.", e.tokens),
         _one(
             "n_busy_slots_per_decode",
             "gauge",
@@ -130,9 +152,9 @@ def llama_cpp_only(totals: Totals) -> list[Metric]:
     ]
 
 
-def render(now: PoolSnapshot, totals: Totals) -> str:
+def render(now: PoolSnapshot, totals: Totals, embedded: EmbeddingCounts | None = None) -> str:
     """The ``/metrics`` body: ours, then llama-server's names (:data:`LLAMA_PREFIX`)."""
-    ours = collect(now, totals)
+    ours = collect(now, totals, embedded)
     theirs = [m for m in ours if m.name in LLAMA_CPP] + llama_cpp_only(totals)
     lines = [m.render() for m in ours] + [m.render(LLAMA_PREFIX) for m in theirs]
     return "\n".join(lines) + "\n"

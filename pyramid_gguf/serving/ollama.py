@@ -44,17 +44,17 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.responses import Response as HTTPResponse
 
-from ..api import ChatPrompt, GenerationStats, Job, Response
+from ..api import ChatPrompt, GenerationStats, Response
 from ..chat import CallStream, Message, parse_tool_request
 from ..core.errors import UserError
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingConfig
 from ..grammar import check_grammar
 from .errors import ApiError, error_of
-from .jobs import ClientGone, Deliver, Reader
+from .jobs import Reader
 from .openai import timings
 from .schemas import GenerationRequest
-from .service import Handler, Service, event_stream, json_route
+from .service import Handler, Service, json_route
 
 NDJSON = "application/x-ndjson"
 
@@ -244,7 +244,8 @@ def _check(body: dict[str, Any], refused: dict[str, str]) -> None:
 
 
 class Answer:
-    """The shape of one generation's answer: chat (``message``) or generate (``response``)."""
+    """The shape (a :class:`~.service.Shape`) of one generation's answer: chat (``message``)
+    or generate (``response``), streamed as NDJSON lines."""
 
     def __init__(self, model: str, chat: bool, calls: CallStream | None) -> None:
         self.model = model
@@ -273,7 +274,7 @@ class Answer:
             text, calls = message.content or "", tool_calls(message)
         return self.last(text, steps[-1], calls)
 
-    async def lines(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
+    async def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
         """The NDJSON body; leaving early (client gone) cancels the generation."""
         try:
             step: Response | None = first
@@ -336,25 +337,12 @@ def routes(service: Service) -> APIRouter:
         grammar = grammar_of(body.get("format"))
         return base.with_(grammar=grammar) if grammar is not None else base
 
-    async def run(request: Request, body: dict[str, Any], chat: ChatPrompt, answer: Answer) -> Any:
-        spec = knobs(body)
-
-        def submit(deliver: Deliver) -> Job:
-            return pyramid.submit(
-                chat.tokens, chat.sampling, spec, deliver=deliver, special=chat.special
-            )
-
-        admitted = await service.admit(request, submit)
-        if admitted is None:
-            return HTTPResponse(status_code=499)
-        reader, first = admitted
-        if body.get("stream") is not False:
-            return event_stream(answer.lines(reader, first), media_type=NDJSON)
-        try:
-            steps = await service.collect(request, reader, first)
-        except ClientGone:
-            return HTTPResponse(status_code=499)
-        return JSONResponse(answer.whole(steps))
+    async def run(
+        request: Request, body: dict[str, Any], chat: ChatPrompt, answer: Answer
+    ) -> HTTPResponse:
+        submit = service.chat_submit(chat, knobs(body))
+        stream = body.get("stream") is not False
+        return await service.answer(request, submit, answer, stream, media_type=NDJSON)
 
     def loaded(body: dict[str, Any], chat: bool) -> JSONResponse:
         """Ollama's answer to an empty prompt: the model is loaded, nothing is generated."""
@@ -442,7 +430,7 @@ def routes(service: Service) -> APIRouter:
 
     async def show_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
         template = pyramid.template(settings.chat_template)
-        capabilities = ["completion"] + (["tools"] if template.tool_format else [])
+        capabilities = ["completion", "tools"]  # any template: the generic format otherwise
         info = pyramid.ladder.target.loaded.metadata()
         return JSONResponse(
             {

@@ -6,29 +6,31 @@ also refuses a chat ending in two assistant messages, as llama-server does. A pr
 slot's context is a 400 before anything runs (:func:`check_context`).
 
 Bodies are parsed by :mod:`.schemas`, chats prepared by :meth:`Pyramid.prepare_chat
-<pyramid_gguf.api.Pyramid.prepare_chat>`, generations admitted by the :class:`~.service.Service`
-and shaped by :mod:`.openai`.
+<pyramid_gguf.api.Pyramid.prepare_chat>`, generations answered by the :class:`~.service.Service`
+(``n`` of them through :mod:`.choices`), each choice shaped by a :class:`Choice` over
+:mod:`.openai`'s bodies.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from starlette.responses import Response as HTTPResponse
 
 from ..api import Job, Prompt, Response, TokenLogprob
 from ..chat import CallStream
 from . import choices
-from .choices import ChoiceSubmit, Events
 from .errors import ApiError, context_exceeded, error_of
-from .jobs import ClientGone, Deliver, Reader
+from .jobs import Deliver, Reader
 from .openai import ResponseShape
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from .service import Service, event_stream, sse
+from .service import Service, Submit, sse
+
+#: Admits choice ``i``'s generation, given its reader's ``deliver``.
+ChoiceSubmit = Callable[[Deliver, int], Job]
 
 
 async def _events(
@@ -83,6 +85,27 @@ async def _events(
     yield sse("[DONE]")
 
 
+@dataclass
+class Choice:
+    """One choice's answer in OpenAI's shape (a :class:`~.service.Shape`): ``shape`` builds its
+    bodies, ``calls`` reads content and tool calls out of its text (None: no tools), ``llama``
+    answers a late error in llama-server's shape."""
+
+    shape: ResponseShape
+    calls: CallStream | None = None
+    llama: bool = False
+
+    def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
+        return _events(reader, first, self.shape, self.calls, self.llama)
+
+    def whole(self, steps: list[Response]) -> dict[str, Any]:
+        text = "".join(s.text for s in steps)
+        logprobs = [lp for s in steps for lp in s.logprobs]
+        last = steps[-1]
+        message = self.calls.parse(text) if self.calls is not None else None
+        return self.shape.full(text, last.finish_reason, last.stats, logprobs, message)
+
+
 def routes(service: Service) -> APIRouter:
     """OpenAI's routes over ``service``, under ``/v1``."""
     router = APIRouter()
@@ -123,28 +146,12 @@ def register(router: APIRouter, service: Service, prefix: str, *, llama: bool = 
         submit: ChoiceSubmit,
         reader_of: Callable[[], CallStream | None] = lambda: None,
     ) -> HTTPResponse:
-        if body.n > 1:
-            events: Events = partial(_events, llama=llama)
-            n, stream = body.n, body.stream
-            return await choices.answer(
-                service, request, n, stream, shape, submit, reader_of, events
-            )
-        calls = reader_of()
-        admitted = await service.admit(request, lambda deliver: submit(deliver, 0))
-        if admitted is None:
-            return HTTPResponse(status_code=499)
-        reader, first = admitted
-        if body.stream:
-            return event_stream(_events(reader, first, shape, calls, llama))
-        try:
-            steps = await service.collect(request, reader, first)
-        except ClientGone:
-            return HTTPResponse(status_code=499)
-        text = "".join(s.text for s in steps)
-        logprobs = [lp for s in steps for lp in s.logprobs]
-        last = steps[-1]
-        message = calls.parse(text) if calls is not None else None
-        return JSONResponse(shape.full(text, last.finish_reason, last.stats, logprobs, message))
+        """``body.n`` choices (each its own generation, its own call reader), one answer."""
+        shapes = [Choice(s, reader_of(), llama) for s in choices.shapes(shape, body.n)]
+        submits = [_choice(submit, i) for i in range(body.n)]
+        return await service.answer_all(
+            request, submits, shapes, body.stream, merge=choices.merged, join=choices.joined
+        )
 
     async def models() -> dict[str, Any]:
         card = {
@@ -208,6 +215,11 @@ def register(router: APIRouter, service: Service, prefix: str, *, llama: bool = 
     if not llama:
         router.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
     router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
+
+
+def _choice(submit: ChoiceSubmit, index: int) -> Submit:
+    """Choice ``index``'s submit."""
+    return lambda deliver: submit(deliver, index)
 
 
 def _check_token_ids(prompt: Sequence[int], n_vocab: int) -> None:

@@ -32,7 +32,12 @@ Streamed: ``response.created``, ``response.in_progress``, then per output item
 ``response.output_item.added``, its text (``response.content_part.added``,
 ``response.output_text.delta``..., ``.done``, ``response.content_part.done``) or its arguments
 (``response.function_call_arguments.delta``..., ``.done``) and ``response.output_item.done``,
-then ``response.completed`` (or ``response.incomplete``), each with its ``sequence_number``.
+then ``response.completed`` (or ``response.incomplete``, as OpenAI's API ends an answer cut by
+``max_output_tokens``), each with its ``sequence_number``; the last carries llama-server's
+``timings`` beside its response. llama-server's stream telemetry is taken too: with
+``timings_per_token`` each ``response.output_text.delta`` carries ``timings``, with
+``return_progress`` a ``response.in_progress`` event carries ``prompt_progress`` once the prompt
+is read.
 Errors are OpenAI's shape (an ``error`` event once a stream has begun), never a traceback.
 """
 
@@ -46,11 +51,10 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import Response as HTTPResponse
 
-from ..api import GenerationStats, Job, Response
+from ..api import GenerationStats, Response
 from ..chat import CallStream, Delta, Message, ToolRequest, parse_tool_request
 from ..core.errors import ContextOverflow, UserError
 from ..core.grammar import Grammar
@@ -58,10 +62,10 @@ from ..core.sampling import SamplingConfig
 from ..grammar import check_grammar
 from .errors import ApiError, error_of, validation_error
 from .http_errors import response as error_response
-from .jobs import ClientGone, Deliver, Reader
+from .jobs import Reader
 from .openai import timings
 from .schemas import GenerationRequest
-from .service import Handler, Service, event_stream, json_route, sse
+from .service import Handler, Service, json_route, sse
 
 #: Fields that change the answer and that we do not honour, with the values that change
 #: nothing (clients send some as defaults) and what to say instead.
@@ -123,6 +127,10 @@ class ResponsesRequest(BaseModel):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    #: llama-server's telemetry in a stream: ``timings`` on each text delta.
+    timings_per_token: bool = False
+    #: llama-server's telemetry in a stream: the prompt's ``prompt_progress``.
+    return_progress: bool = False
 
     @field_validator("input")
     @classmethod
@@ -475,6 +483,8 @@ class Shape:
         self.created_at = int(time.time())
         self.model = model
         self.calls = calls
+        self.per_token = request.timings_per_token
+        self.progress = request.return_progress
         self.settings = request.echo() | {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -516,6 +526,9 @@ class Shape:
         try:
             yield emit("response.created", {"response": self.body([])})
             yield emit("response.in_progress", {"response": self.body([])})
+            if self.progress:
+                progress = {"response": self.body([]), "prompt_progress": prompt_progress(first)}
+                yield emit("response.in_progress", progress)
             output = Output(self.calls)
             for kind, fields in output.start():
                 yield emit(kind, fields)
@@ -524,19 +537,33 @@ class Shape:
             while step is not None:
                 last = step
                 for kind, fields in output.feed(step.text):
+                    if self.per_token and kind == "response.output_text.delta":
+                        fields = fields | {"timings": timings(step.stats)}
                     yield emit(kind, fields)
                 step = await reader.next()
             for kind, fields in output.finish(last.finish_reason != "stop"):
                 yield emit(kind, fields)
             body = self.body(output.items, last)
             done = "response.completed" if body["status"] == "completed" else "response.incomplete"
-            yield emit(done, {"response": body})
+            yield emit(done, {"response": body, "timings": body["timings"]})
         except Exception as e:  # after the headers went out: an error event
             error = error_of(e)
             fields = {"code": error.code, "message": error.message, "param": error.param}
             yield emit("error", fields)
         finally:
             reader.close()
+
+
+def prompt_progress(first: Response) -> dict[str, Any]:
+    """llama-server's ``prompt_progress`` once the prompt is read (its first step): tokens in
+    all, reused from the cache, processed (cached ones included), and the milliseconds taken."""
+    stats = first.stats
+    return {
+        "total": stats.prompt_tokens,
+        "cache": stats.prompt_tokens - stats.prompt_evaluated,
+        "processed": stats.prompt_tokens,
+        "time_ms": round(stats.prompt_seconds * 1000, 2),
+    }
 
 
 def _openai_error(status: int, message: str, headers: dict[str, str] | None) -> HTTPResponse:
@@ -576,23 +603,8 @@ def routes(service: Service) -> APIRouter:
             parsed.turns(), sampling, parsed.tool_request(), settings.chat_template
         )
 
-        def submit(deliver: Deliver) -> Job:
-            return pyramid.submit(
-                chat.tokens, chat.sampling, spec, deliver=deliver, special=chat.special
-            )
-
         shape = Shape(parsed, service.model_name, chat.sampling, chat.reader())
-        admitted = await service.admit(request, submit)
-        if admitted is None:
-            return HTTPResponse(status_code=499)
-        reader, first = admitted
-        if parsed.stream:
-            return event_stream(shape.events(reader, first))
-        try:
-            steps = await service.collect(request, reader, first)
-        except ClientGone:
-            return HTTPResponse(status_code=499)
-        return JSONResponse(shape.whole(steps))
+        return await service.answer(request, service.chat_submit(chat, spec), shape, parsed.stream)
 
     async def create(request: Request) -> HTTPResponse:
         return await guarded(request, create_route)

@@ -1,27 +1,30 @@
 """What every route of the server shares: :class:`Service`, the one door onto the request path.
 
-A dialect's route (OpenAI's, llama-server's, Anthropic's, Ollama's) parses its body into the
-pyramid's terms (a prompt or a :class:`~pyramid_gguf.api.ChatPrompt`, a
+A dialect's route (OpenAI's, llama-server's, Anthropic's, Ollama's, the Responses API's) parses
+its body into the pyramid's terms (a prompt or a :class:`~pyramid_gguf.api.ChatPrompt`, a
 :class:`~pyramid_gguf.core.sampling.SamplingConfig`, a
-:class:`~pyramid_gguf.core.spec.SpecConfig`), hands :meth:`Service.admit` a ``submit``
-(a :meth:`Pyramid.submit <pyramid_gguf.api.Pyramid.submit>` call given the reader's
-``deliver``), and shapes the steps it reads back, whole (:meth:`Service.collect`) or streamed
-(:func:`event_stream`). Admission, the client's disconnect, the server's shutdown and the
-``/metrics`` totals are the same for all of them.
+:class:`~pyramid_gguf.core.spec.SpecConfig`), and hands :meth:`Service.answer` a ``submit`` (a
+:meth:`Pyramid.submit <pyramid_gguf.api.Pyramid.submit>` call given the reader's ``deliver``)
+and a :class:`Shape`, which says how the dialect's answer looks, streamed
+(:meth:`Shape.events`) or whole (:meth:`Shape.whole`). Admission, the 499 of a client gone,
+streaming or collecting, the server's shutdown and the ``/metrics`` totals are the same for all
+of them; OpenAI's ``n`` answers several generations of one request through the same path
+(:meth:`Service.answer_all`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 
-from ..api import Job, Pyramid, Response
+from ..api import ChatPrompt, Job, Pyramid, Response
 from ..core.spec import SpecConfig
 from .errors import ApiError, error_of
 from .jobs import ClientGone, Deliver, Reader, Totals, shutting_down
@@ -32,6 +35,32 @@ Submit = Callable[[Deliver], Job]
 Handler = Callable[[Request, dict[str, Any]], Awaitable[HTTPResponse]]
 #: A dialect's error response: ``(status, message, headers) -> response``.
 ErrorShape = Callable[[int, str, dict[str, str] | None], HTTPResponse]
+#: Server-sent events, the media type of every streamed answer but Ollama's NDJSON lines.
+SSE = "text/event-stream"
+#: Several generations' streamed bodies made one (OpenAI's ``n``).
+Merge = Callable[[Sequence[AsyncIterator[str]]], AsyncIterator[str]]
+#: Several generations' whole bodies made one (OpenAI's ``n``).
+Join = Callable[[Sequence[Any]], Any]
+
+
+class Shape(Protocol):
+    """How a dialect answers one admitted generation."""
+
+    def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
+        """The streamed body from the ``first`` step on (server-sent events or NDJSON lines);
+        it closes ``reader`` when it ends, and reports an error after the headers went out in
+        the stream itself."""
+        ...
+
+    def whole(self, steps: list[Response]) -> Any:
+        """The JSON body of a whole answer, from every step (the last has the finish reason
+        and the statistics)."""
+        ...
+
+
+def _only(parts: Sequence[Any]) -> Any:
+    """One generation's body: the one part."""
+    return parts[0]
 
 
 async def json_route(
@@ -63,7 +92,7 @@ def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
     return f"{head}data: {payload}\n\n"
 
 
-def event_stream(body: AsyncIterator[str], media_type: str = "text/event-stream") -> HTTPResponse:
+def event_stream(body: AsyncIterator[str], media_type: str = SSE) -> HTTPResponse:
     """A streamed HTTP answer of ``body`` (server-sent events, or NDJSON lines)."""
     return StreamingResponse(
         body,
@@ -92,6 +121,75 @@ class Service:
     def spec(self) -> SpecConfig:
         """The spec a request's knobs apply to: the server's, else the ladder's."""
         return self.settings.spec or self.pyramid.spec
+
+    def chat_submit(self, chat: ChatPrompt, spec: SpecConfig) -> Submit:
+        """The ``submit`` of a prepared chat under ``spec`` (its answer's text with control
+        tokens when its tools' format needs them)."""
+
+        def submit(deliver: Deliver) -> Job:
+            return self.pyramid.submit(
+                chat.tokens, chat.sampling, spec, deliver=deliver, special=chat.special
+            )
+
+        return submit
+
+    async def answer(
+        self,
+        request: Request,
+        submit: Submit,
+        shape: Shape,
+        stream: bool,
+        media_type: str = SSE,
+    ) -> HTTPResponse:
+        """A dialect's answer to one generation: admitted (:meth:`admit`), then streamed as
+        ``shape``'s events in ``media_type``, or collected and answered as ``shape``'s whole
+        JSON body; a bare 499 when the client leaves first."""
+        return await self.answer_all(request, [submit], [shape], stream, media_type=media_type)
+
+    async def answer_all(
+        self,
+        request: Request,
+        submits: Sequence[Submit],
+        shapes: Sequence[Shape],
+        stream: bool,
+        *,
+        media_type: str = SSE,
+        merge: Merge = _only,
+        join: Join = _only,
+    ) -> HTTPResponse:
+        """:meth:`answer` of several generations of one request, ``shapes[i]`` answering
+        ``submits[i]``'s: all admitted together (:meth:`admit_all`), their streams made one by
+        ``merge`` or their whole bodies by ``join`` (the defaults take the one of one)."""
+        admitted = await self.admit_all(request, submits)
+        if admitted is None:
+            return HTTPResponse(status_code=499)
+        if stream:
+            events = [s.events(r, f) for (r, f), s in zip(admitted, shapes, strict=True)]
+            return event_stream(merge(events), media_type)
+        try:
+            collected = await asyncio.gather(*(self.collect(request, r, f) for r, f in admitted))
+        except ClientGone:
+            return HTTPResponse(status_code=499)
+        return JSONResponse(join([s.whole(c) for s, c in zip(shapes, collected, strict=True)]))
+
+    async def admit_all(
+        self, request: Request, submits: Sequence[Submit]
+    ) -> list[tuple[Reader, Response]] | None:
+        """:meth:`admit` every generation (their first steps awaited together); if one is
+        refused (a full queue) the others are closed and its error raised; None when the
+        client left."""
+        results = await asyncio.gather(
+            *(self.admit(request, submit) for submit in submits), return_exceptions=True
+        )
+        admitted = [r for r in results if isinstance(r, tuple)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed or len(admitted) < len(submits):
+            for reader, _ in admitted:
+                reader.close()
+            if failed:
+                raise failed[0]
+            return None
+        return admitted
 
     async def admit(self, request: Request, submit: Submit) -> tuple[Reader, Response] | None:
         """Admit one generation and wait for its first step (a 503 when the queue is full or the

@@ -14,11 +14,12 @@ not run this time (other ``--files``, or a run stopped with Ctrl-C) keep their o
 
 Two changes to the harness, none to a test: ``conftest.py`` no longer starts every preset once
 to download its model (the shim maps the test models to local ones; it would refuse the
-embedding and vision presets and fail the whole session), and a stand-in ``wget`` module is put
+reranking and vision presets and fail the whole session), and a stand-in ``wget`` module is put
 on the path when the real one is missing (only ``download_file`` uses it, in tests not run here).
 
-    python3 scripts/llama_server_suite/run.py                        # the nine files
+    python3 scripts/llama_server_suite/run.py                        # the ten files
     python3 scripts/llama_server_suite/run.py --files tokenize,basic --sdist ~/sdist.tar.gz
+    python3 scripts/llama_server_suite/run.py --files embedding --out /tmp/e --work /tmp/e-work
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ FILES = (
     "metrics",
     "tokenize",
     "template",
+    "embedding",
+    "compat_anthropic",
+    "compat_oai_responses",
 )
 #: What is taken out of the sdist, under its ``vendor/llama.cpp``.
 KEPT = ("tools/server/tests/", "models/templates/")
@@ -281,6 +285,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "llama-server-tests")
     parser.add_argument("--port", type=int, default=18080, help="the servers' port")
     parser.add_argument(
+        "--work", type=Path, help="the run's work folder, made anew [default: CACHE/work]"
+    )
+    parser.add_argument(
         "--reclassify", action="store_true", help="run nothing: classify results.json again"
     )
     args = parser.parse_args()
@@ -290,15 +297,16 @@ def main() -> None:
     else:
         sdist = args.sdist.expanduser() if args.sdist else fetch_sdist(args.cache)
         tests = extract(sdist, args.cache)
-        work = args.cache / "work"
+        work = args.work or args.cache / "work"
         copy = prepare(tests, work)
         report = run_pytest(copy, work, files, args.port)
         outcomes = merged(args.out / "results.json", read_report(report))
     files = [f for f in FILES if f in {o.file for o in outcomes}] or files
     rows = summary(outcomes, files)
-    from shim import SUBSTITUTES
+    from shim import SUBSTITUTES, TINY_BERT
 
-    model = "stand-ins: " + ", ".join(sorted(set(SUBSTITUTES.values())))
+    names = sorted(set(SUBSTITUTES.values()))
+    model = f"stand-ins: {', '.join(names)}; for bge-small {TINY_BERT} (tiny_bert.py)"
     args.out.mkdir(parents=True, exist_ok=True)
     data = {
         "version": VERSION,

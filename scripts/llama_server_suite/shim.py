@@ -12,13 +12,18 @@ Flags are handled in four ways (:data:`VALUED`, :data:`SWITCHES`):
   ``--chat-template-kwargs``, ``--reasoning off`` -> ``{"enable_thinking": false}``...;
 - the upstream test models on Hugging Face (``--hf-repo``, ``--hf-file``): replaced by a local
   model of ours (:data:`SUBSTITUTES`, under ``$PYRAMID_GGUF_HOME/models`` or
-  ``~/.cache/pyramid-gguf/models``); a model we have no stand-in for (embeddings, rerankers,
-  vision) ends the shim;
+  ``~/.cache/pyramid-gguf/models``); the embedding model bge-small by a tiny BERT written once
+  by :mod:`tiny_bert` (:data:`EMBEDDERS`); a model we have no stand-in for (rerankers, vision)
+  ends the shim;
+- ``--embedding``: llama-server then embeds with its model; serve loads it as
+  ``--embedding-model`` (with ``--pooling``; inputs up to the micro-batch, ``--ubatch-size``, as
+  llama-server takes an encoder's input whole) beside the generation target it always needs:
+  the same model, or SmolLM2 where the model is the tiny BERT, which cannot generate;
 - ignored: flags that change no answer (``--cont-batching``, ``--ubatch-size``, ``--no-ui``,
   ``--offline``, ``--jinja``, ``--reasoning on|auto``...: our server always batches, renders
   chat templates with Jinja, ``enable_thinking`` true);
 - refused: a flag that changes behaviour and that ``serve`` lacks (``--context-shift``,
-  ``--lora``, ``--embedding``, ``--slot-save-path``...): the shim prints why and exits 2, so
+  ``--lora``, ``--reranking``, ``--slot-save-path``...): the shim prints why and exits 2, so
   the test that asked for it fails, counted as unsupported.
 
 Environment: ``PYRAMID_SHIM_MODE`` (default ``target``: plain decoding, one model) and
@@ -44,6 +49,16 @@ SUBSTITUTES: dict[str, str] = {
     "ggml-org/stories15M_MOE": "SmolLM2-135M-Instruct.Q4_1.gguf",
     "bartowski/Phi-3.5-mini-instruct-GGUF:Q4_K_M": "qwen2.5-coder-0.5b-instruct.gguf",
 }
+#: The upstream embedding models -> the model whose vocabulary's words the tiny BERT takes
+#: (:mod:`tiny_bert`), which is also the generation target beside it.
+EMBEDDERS: dict[str, str] = {
+    "ggml-org/models/bert-bge-small/ggml-model-f16.gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
+}
+#: The tiny BERT's file, in the suite's folder (:func:`suite_dir`).
+TINY_BERT = "tiny-bert.gguf"
+#: llama-server's micro-batch unless told (``--ubatch-size``), and serve's smallest context.
+UBATCH = 512
+MIN_EMBEDDING_CTX = 256
 
 #: Flags with a value: llama-server's name(s) -> serve's flag ('' ignores it; None refuses it).
 VALUED: dict[str, str | None] = {
@@ -55,8 +70,6 @@ VALUED: dict[str, str | None] = {
     "-n": "--n-predict",
     "--threads": "--threads",
     "-t": "--threads",
-    "--batch-size": "--batch-size",
-    "-b": "--batch-size",
     "--n-gpu-layers": "--n-gpu-layers",
     "-ngl": "--n-gpu-layers",
     "--api-key": "--api-key",
@@ -67,15 +80,12 @@ VALUED: dict[str, str | None] = {
     "--cache-type-k": "--cache-type-k",
     "-ctv": "--cache-type-v",
     "--cache-type-v": "--cache-type-v",
-    "--ubatch-size": "",
-    "-ub": "",
     "--sleep-idle-seconds": None,
     "--cache-ram": None,
     "--grp-attn-n": None,
     "--grp-attn-w": None,
     "--slot-save-path": None,
     "--lora": None,
-    "--pooling": None,
     "--spec-type": None,
     "--spec-draft-n-max": None,
     "--spec-draft-n-min": None,
@@ -110,7 +120,6 @@ SWITCHES: dict[str, str | None] = {
     "--no-jinja": "",
     "--no-mmproj": "",
     "--swa-full": None,
-    "--embedding": None,
     "--reranking": None,
     "--context-shift": None,
     "--no-models-autoload": None,
@@ -122,7 +131,6 @@ SWITCHES: dict[str, str | None] = {
 #: Why a refused flag is refused, where more can be said than "serve has no such flag".
 WHY: dict[str, str] = {
     "--context-shift": "context shifting (a full context drops old tokens) is not implemented",
-    "--embedding": "no embeddings on this server",
     "--reranking": "no reranking on this server",
     "--lora": "LoRA adapters are not supported",
     "--slot-save-path": "saving and restoring slots is not supported",
@@ -139,16 +147,46 @@ def models_dir() -> Path:
     return root / "models"
 
 
+def suite_dir() -> Path:
+    """The suite's cache folder (``run.py``'s), where the tiny BERT is written."""
+    return models_dir().parent / "llama-server-tests"
+
+
+def local_model(name: str) -> Path:
+    path = models_dir() / name
+    if not path.is_file():
+        raise Refused(f"the stand-in model {path} is missing (pyramid-gguf pull fetches it)")
+    return path
+
+
 def substitute(repo: str, file: str | None) -> Path:
     """The local model standing in for Hugging Face's ``repo`` (and ``file``)."""
     key = f"{repo}/{file}" if file else repo
     name = SUBSTITUTES.get(key)
     if name is None:
         raise Refused(f"no local stand-in for the test model {key} (no Hugging Face access)")
-    path = models_dir() / name
+    return local_model(name)
+
+
+def bert_substitute(key: str) -> tuple[Path, Path]:
+    """The tiny BERT standing in for the embedding model ``key`` (written on first use), and
+    the generation target beside it."""
+    target = local_model(EMBEDDERS[key])
+    path = suite_dir() / TINY_BERT
     if not path.is_file():
-        raise Refused(f"the stand-in model {path} is missing (pyramid-gguf pull fetches it)")
-    return path
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from tiny_bert import vocabulary_of, write_tiny_bert  # numpy only when asked
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_tiny_bert(path, *vocabulary_of(target))
+    return path, target
+
+
+def embedding_ctx(slot_ctx: int | None, batch: int | None, ubatch: int | None) -> int:
+    """``--embedding-ctx-size``: the longest input llama-server embeds, one micro-batch (an
+    encoder's input is never split) within a slot's context, at least serve's smallest."""
+    limit = min(ubatch or UBATCH, batch or UBATCH, slot_ctx or UBATCH)
+    return max(MIN_EMBEDDING_CTX, limit)
 
 
 def translate(argv: Sequence[str]) -> list[str]:
@@ -162,6 +200,10 @@ def translate(argv: Sequence[str]) -> list[str]:
     hf_file: str | None = None
     chat: str | None = None
     flash: str | None = None
+    embedding = False
+    pooling: str | None = None
+    batch: int | None = None
+    ubatch: int | None = None
     unified = "--kv-unified" in argv
     args = [a for a in argv if a != "--kv-unified"]
     i = 0
@@ -169,6 +211,9 @@ def translate(argv: Sequence[str]) -> list[str]:
         flag = args[i]
         value = args[i + 1] if i + 1 < len(args) else None
         i += 1
+        if flag == "--embedding":
+            embedding = True
+            continue
         if flag in SWITCHES:
             mapped = SWITCHES[flag]
             if mapped is None:
@@ -197,6 +242,13 @@ def translate(argv: Sequence[str]) -> list[str]:
             chat = value
         elif flag in ("-fa", "--flash-attn"):
             flash = value
+        elif flag == "--pooling":
+            pooling = value
+        elif flag in ("--ubatch-size", "-ub"):
+            ubatch = int(value)
+        elif flag in ("--batch-size", "-b"):
+            batch = int(value)
+            out += ["--batch-size", value]
         elif flag == "--reasoning" and value in ("auto", "on"):
             continue  # enable_thinking true, as ours renders it
         elif flag == "--reasoning" and value == "off":
@@ -213,13 +265,25 @@ def translate(argv: Sequence[str]) -> list[str]:
                 out += [mapped, value]
         else:
             raise Refused(f"{flag}: unknown to this shim")
-    if model is None and hf_repo is not None:
-        model = str(substitute(hf_repo, hf_file))
+    embedder = model
+    key = f"{hf_repo}/{hf_file}" if hf_file else hf_repo or ""
+    if model is None and key in EMBEDDERS:
+        if not embedding:
+            raise Refused(f"{key} is an embedding model: it needs --embedding")
+        bert, target = bert_substitute(key)
+        embedder, model = str(bert), str(target)
+    elif model is None and hf_repo is not None:
+        model = embedder = str(substitute(hf_repo, hf_file))
     if model is None:
         raise Refused(
             "no model: the router mode (several models, loaded on demand) is not supported"
         )
     out = ["--target", model, "--parallel", str(slots), *out]
+    if embedding:  # without it --pooling changes nothing llama-server answers
+        size = embedding_ctx(ctx if unified or not ctx else ctx // slots, batch, ubatch)
+        out += ["--embedding-model", str(embedder), "--embedding-ctx-size", str(size)]
+        if pooling is not None:
+            out += ["--pooling", pooling]
     if "--metrics" not in out:
         out.append("--no-metrics")  # llama-server serves /metrics only with --metrics
     if ctx:  # llama-server's --ctx-size is shared by the slots; serve's is per slot

@@ -246,8 +246,10 @@ class GenerationStats:
 
     def summary(self) -> str:
         """One line for stderr, llama.cpp style."""
+        cached = self.prompt_tokens - self.prompt_evaluated
+        reused = f" ({cached} cached)" if 0 < cached < self.prompt_tokens else ""
         parts = [
-            f"prompt {self.prompt_tokens} tok {self.prompt_tps:.1f} tok/s",
+            f"prompt {self.prompt_tokens} tok{reused} {self.prompt_tps:.1f} tok/s",
             f"gen {self.generated_tokens} tok {self.generation_tps:.1f} tok/s",
             f"mode {self.mode}",
         ]
