@@ -478,7 +478,7 @@ class Pyramid:
         """
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise UserError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, got {logprobs}")
-        sampling = sampling or SamplingConfig()
+        sampling = self._token_biases(sampling or SamplingConfig())
         spec = spec or self.spec
         for grammar in [sampling.grammar, *(g.grammar for g in sampling.triggers)]:
             if grammar is not None:
@@ -500,6 +500,26 @@ class Pyramid:
             return reason == "cancelled"
 
         return self.slots.submit(tokens, work)
+
+    def _token_biases(self, sampling: SamplingConfig) -> SamplingConfig:
+        """``sampling`` with its text biases as token biases (each token of the text, tokenized
+        as llama-server does: no BOS, special tokens as text), every id checked against the
+        target's vocabulary (a one-line UserError)."""
+        vocab = self.ladder.target.vocab
+        extra = [
+            (token, bias)
+            for text, bias in sampling.logit_bias_text
+            for token in vocab.tokenize(text, add_special=False, parse_special=False)
+        ]
+        n_vocab = self.ladder.target.n_vocab
+        bad = next((t for t, _ in (*sampling.logit_bias, *extra) if t >= n_vocab), None)
+        if bad is not None:
+            raise UserError(
+                f"logit_bias: token id {bad} is not in the vocabulary (0 to {n_vocab - 1})"
+            )
+        if not sampling.logit_bias_text:
+            return sampling
+        return sampling.with_(logit_bias=(*sampling.logit_bias, *extra), logit_bias_text=())
 
     def stream(
         self,

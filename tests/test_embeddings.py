@@ -281,6 +281,21 @@ def test_pooling_none_gives_token_vectors_and_no_openai_answer(
         assert r.status_code == 400 and "pooling 'none'" in r.json()["error"]
 
 
+def test_the_model_lists_name_the_embedding_model(
+    client: openai.OpenAI, url: str, embedder: Embedder, ladder: Pyramid
+) -> None:
+    """Clients pick an embedding model from the lists (Open WebUI from /api/tags): it is there
+    beside the ladder, and only when one is loaded."""
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["tiny", embedder.name]
+    tags = httpx.get(f"{url}/api/tags", headers=AUTH).json()["models"]
+    assert [m["name"] for m in tags] == ["tiny", embedder.name]
+    assert tags[1]["size"] == embedder.path.stat().st_size
+    bare = TestClient(create_app(ladder, ServerSettings()))
+    assert [m["id"] for m in bare.get("/v1/models").json()["data"]] == ["tiny"]
+    assert [m["name"] for m in bare.get("/api/tags").json()["models"]] == ["tiny"]
+
+
 def test_no_embedding_model_is_a_clear_400(ladder: Pyramid) -> None:
     http = TestClient(create_app(ladder, ServerSettings()))
     for path in ("/v1/embeddings", "/embeddings"):

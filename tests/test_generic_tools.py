@@ -28,12 +28,11 @@ import pytest
 from llguidance import LLTokenizer, TokenizerWrapper
 from synth import CHATML_TEMPLATE
 from test_server import live_server
-from test_toolcalls import ByteTokenizer, accepts, rebuild
+from test_toolcalls import ADD, WEATHER, ByteTokenizer, accepts, ids, rebuild
 from test_tools import CALL_ID, TINY_MESSAGES, TINY_TOOLS, checked_calls, named, same_calls
 
 from pyramid_gguf import Pyramid
 from pyramid_gguf.chat import (
-    CallIds,
     ChatTemplate,
     GenericFormat,
     Message,
@@ -50,33 +49,6 @@ from pyramid_gguf.chat.templates import BUILTIN_CHATML
 from pyramid_gguf.serving.settings import ServerSettings
 
 GENERIC = GenericFormat()
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-            "required": ["city"],
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/$defs/number"}},
-            "required": ["a", "b"],
-            "$defs": {"number": {"type": "number"}},
-        },
-    },
-}
-
-
-def ids() -> CallIds:
-    return CallIds(lambda i: f"call_{i}")
 
 
 # --- parsing ----------------------------------------------------------------------------------

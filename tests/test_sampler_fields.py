@@ -55,6 +55,22 @@ def test_logit_bias_banning_the_greedy_token_changes_it(live: Live) -> None:
     assert r.json()["choices"][0]["text"] != plain.json()["choices"][0]["text"]
 
 
+def test_logit_bias_by_text_biases_each_of_its_tokens(live: Live) -> None:
+    """llama-server's text keys: every token of the text (tokenized without BOS or special
+    tokens) gets the bias, exactly as if each id had been sent (a repeated token twice, as
+    llama.cpp adds up repeated entries)."""
+    vocab = live.pyramid.ladder.target.vocab
+    text = "the model"
+    ids = vocab.tokenize(text, add_special=False, parse_special=False)  # repeats add up
+    assert len(set(ids)) >= 2, "pick a text of several tokens"
+    by_id = tokens(live, n_predict=3, logit_bias=[[t, 50] for t in ids])
+    assert by_id[0] in ids
+    for bias in ([[text, 50]], {text: 50}):
+        assert tokens(live, n_predict=3, logit_bias=bias) == by_id
+    banned = tokens(live, n_predict=3, logit_bias=[[text, False]])
+    assert not set(banned) & set(ids)
+
+
 def test_penalties_change_a_looping_answer(live: Live) -> None:
     plain = tokens(live, n_predict=60)
     assert len(set(plain[-20:])) <= 3, "the tiny model no longer loops; pick another prompt"
@@ -98,8 +114,9 @@ def test_the_other_samplers_are_taken_and_reported(live: Live) -> None:
         ("xtc_probability", 2, "xtc-probability"),
         ("repeat_penalty", 0, "repeat-penalty"),
         ("samplers", "top_k;bogus", "bogus"),
-        ("logit_bias", {"hello": 1}, "token ids"),
+        ("logit_bias", {"": 1}, "empty text"),
         ("logit_bias", [[1, "x"]], "logit_bias"),
+        ("logit_bias", {"99999999": 1}, "not in the vocabulary"),
         ("mirostat", 2, "per accepted token"),
         ("dry_allowed_length", -1, "dry-allowed-length"),
     ],

@@ -40,9 +40,12 @@ def test_logit_bias_adds_and_bans() -> None:
 
 
 def test_logit_bias_forms_parse_like_openai_and_llama_server() -> None:
-    assert parse_logit_bias({"7": 2, "3": -1.5}) == ((7, 2.0), (3, -1.5))
-    assert parse_logit_bias([[4, False], [5, 1]]) == ((4, -math.inf), (5, 1.0))
-    for bad in ({"hello": 1}, [[1, "x"]], [1, 2], "7:1"):
+    assert parse_logit_bias({"7": 2, "3": -1.5}) == (((7, 2.0), (3, -1.5)), ())
+    assert parse_logit_bias([[4, False], [5, 1]]) == (((4, -math.inf), (5, 1.0)), ())
+    # a key that is not an integer is text, as llama-server reads it
+    assert parse_logit_bias({"hello": 1, "9": -2}) == (((9, -2.0),), (("hello", 1.0),))
+    assert parse_logit_bias([[" world", False]]) == ((), ((" world", -math.inf),))
+    for bad in ({"": 1}, [[1, "x"]], [1, 2], "7:1", [[None, 1]]):
         with pytest.raises(UserError):
             parse_logit_bias(bad)
 

@@ -75,35 +75,42 @@ def parse_samplers(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
-    """``(token, bias)`` pairs from OpenAI's ``{"id": bias}`` or llama-server's ``[[id, bias]]``
-    (a bias of ``false`` bans the token, as ``-inf`` does). Text keys need a tokenizer: a
-    one-line UserError, like any other malformed entry."""
+def parse_logit_bias(
+    value: object,
+) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[str, float], ...]]:
+    """``(token, bias)`` pairs and ``(text, bias)`` pairs from OpenAI's ``{"id": bias}`` or
+    llama-server's ``[[id or text, bias]]`` (a bias of ``false`` bans, as ``-inf`` does). A key
+    that is not an integer is text, as llama-server reads it: every token of the text gets the
+    bias (:attr:`SamplingConfig.logit_bias_text`). A malformed entry is one UserError line."""
     if isinstance(value, dict):
         items = list(value.items())
     elif isinstance(value, (list, tuple)):
         if not all(isinstance(e, (list, tuple)) and len(e) == 2 for e in value):
-            raise UserError("logit_bias must be {token_id: bias} or [[token_id, bias], ...]")
+            raise UserError("logit_bias must be {token: bias} or [[token, bias], ...]")
         items = [(e[0], e[1]) for e in value]
     else:
-        raise UserError("logit_bias must be {token_id: bias} or [[token_id, bias], ...]")
-    out = []
+        raise UserError("logit_bias must be {token: bias} or [[token, bias], ...]")
+    ids: list[tuple[int, float]] = []
+    texts: list[tuple[str, float]] = []
     for key, bias in items:
         if isinstance(key, bool) or not isinstance(key, (int, str)):
-            raise UserError(f"logit_bias: token {key!r} must be a token id")
-        try:
-            token = int(key)
-        except ValueError:
-            raise UserError(
-                f"logit_bias: {key!r} is text; send token ids (POST /tokenize gives them)"
-            ) from None
+            raise UserError(f"logit_bias: {key!r} must be a token id or text")
         if bias is False:
-            out.append((token, -math.inf))
+            value_of = -math.inf
         elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
-            out.append((token, float(bias)))
+            value_of = float(bias)
         else:
-            raise UserError(f"logit_bias: the bias of token {token} must be a number or false")
-    return tuple(out)
+            raise UserError(f"logit_bias: the bias of {key!r} must be a number or false")
+        if isinstance(key, int):
+            ids.append((key, value_of))
+            continue
+        try:
+            ids.append((int(key), value_of))
+        except ValueError:
+            if not key:
+                raise UserError("logit_bias: an empty text has no tokens to bias") from None
+            texts.append((key, value_of))
+    return tuple(ids), tuple(texts)
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,10 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     #: ``(token id, bias)`` added to the logits before every sampler; ``-inf`` bans a token.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: ``(text, bias)``: every token of the text (tokenized without BOS or special tokens, as
+    #: llama-server does) gets the bias; :meth:`Pyramid.submit <pyramid_gguf.api.Pyramid.submit>`
+    #: turns them into :attr:`logit_bias` with the target's vocabulary.
+    logit_bias_text: tuple[tuple[str, float], ...] = ()
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     dry_multiplier: float = 0.0
     dry_base: float = 1.75
@@ -216,11 +227,11 @@ class SamplingConfig:
         if self.repeat_last_n < -1:
             raise UserError(f"--repeat-last-n must be >= -1 (-1: all), got {self.repeat_last_n}")
         self._check_dry()
-        for token, bias in self.logit_bias:
-            if token < 0:
+        for token, bias in (*self.logit_bias, *self.logit_bias_text):
+            if isinstance(token, int) and token < 0:
                 raise UserError(f"logit_bias: token ids are >= 0, got {token}")
             if math.isnan(bias) or bias == math.inf:
-                raise UserError(f"logit_bias: the bias of token {token} must be finite or -inf")
+                raise UserError(f"logit_bias: the bias of {token!r} must be finite or -inf")
         unknown = [s for s in self.samplers if s not in DEFAULT_SAMPLERS]
         if unknown:
             known = ", ".join(DEFAULT_SAMPLERS)

@@ -31,7 +31,7 @@ from .errors import ApiError
 from .http_errors import ApiKeyMiddleware, install_error_handlers
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render as render_metrics
-from .service import Service
+from .service import EmbeddingCard, Service
 from .settings import ServerSettings
 
 
@@ -44,7 +44,10 @@ def create_app(
     settings = settings or ServerSettings()
     pyramid.queue_size = settings.queue_size
     pyramid.template_kwargs = dict(settings.chat_template_kwargs)
-    service = Service(pyramid, settings)
+    listed = None
+    if embedder is not None:
+        listed = EmbeddingCard(embedder.name, embedder.path, embedder.n_embd)
+    service = Service(pyramid, settings, listed)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -419,7 +419,14 @@ def routes(service: Service) -> APIRouter:
     async def api_tags(request: Request) -> HTTPResponse:
         if not authorized(request):
             return _error(401, "incorrect or missing API key (send Authorization: Bearer KEY)")
-        return JSONResponse({"models": [card() | {"modified_at": _now()}]})
+        models = [card() | {"modified_at": _now()}]
+        if service.embedding is not None:  # what /api/embed answers with
+            e = service.embedding
+            models.append(
+                {"name": e.name, "model": e.name, "size": e.path.stat().st_size, "digest": ""}
+                | {"details": {"format": "gguf", "family": "embedding"}, "modified_at": _now()}
+            )
+        return JSONResponse({"models": models})
 
     @router.get("/api/ps")
     async def api_ps(request: Request) -> HTTPResponse:

@@ -161,7 +161,12 @@ def register(router: APIRouter, service: Service, prefix: str, *, llama: bool = 
             "owned_by": "pyramid-gguf",
             "meta": {"mode": service.spec.mode, "tiers": pyramid.ladder.tier_names},
         }
-        return {"object": "list", "data": [card]}
+        cards = [card]
+        if service.embedding is not None:  # what /v1/embeddings answers with
+            embedding = service.embedding
+            meta = {"kind": "embedding", "n_embd": embedding.n_embd}
+            cards.append(card | {"id": embedding.name, "meta": meta})
+        return {"object": "list", "data": cards}
 
     async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
         sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)

@@ -193,13 +193,18 @@ class GenerationRequest(BaseModel):
             changes["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if self.dry_sequence_breakers is not None:
             changes["dry_sequence_breakers"] = tuple(self.dry_sequence_breakers)
-        for name, parse in (("logit_bias", parse_logit_bias), ("samplers", parse_samplers)):
-            value = getattr(self, name)
-            if value is not None:
-                try:
-                    changes[name] = parse(value)
-                except UserError as e:
-                    raise ApiError(400, str(e), param=name) from None
+        try:
+            if self.logit_bias is not None:
+                changes["logit_bias"], changes["logit_bias_text"] = parse_logit_bias(
+                    self.logit_bias
+                )
+        except UserError as e:
+            raise ApiError(400, str(e), param="logit_bias") from None
+        try:
+            if self.samplers is not None:
+                changes["samplers"] = parse_samplers(self.samplers)
+        except UserError as e:
+            raise ApiError(400, str(e), param="samplers") from None
         grammar = self.grammar_config()
         if grammar is not None:
             changes["grammar"] = grammar

@@ -18,6 +18,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -56,6 +57,16 @@ class Shape(Protocol):
         """The JSON body of a whole answer, from every step (the last has the finish reason
         and the statistics)."""
         ...
+
+
+@dataclass(frozen=True)
+class EmbeddingCard:
+    """The embedding model a server answers ``/v1/embeddings`` with, as its model lists show it:
+    ``name`` (the file's stem), the GGUF ``path`` and its vectors' length ``n_embd``."""
+
+    name: str
+    path: Path
+    n_embd: int
 
 
 def _only(parts: Sequence[Any]) -> Any:
@@ -109,6 +120,8 @@ class Service:
 
     pyramid: Pyramid
     settings: ServerSettings
+    #: The ``--embedding-model``'s name and file, listed beside the ladder; None without one.
+    embedding: EmbeddingCard | None = None
     totals: Totals = field(default_factory=Totals)
     readers: set[Reader] = field(default_factory=set)
     closing: bool = False
