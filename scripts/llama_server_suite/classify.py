@@ -45,7 +45,6 @@ REASONS: dict[tuple[str, str], tuple[str, str]] = {
     ("chat_completion", "test_return_progress"): (MISSING, "return_progress (prompt progress)"),
     ("chat_completion", "test_chat_completions_multiple_choices"): (SAMPLER, "n > 1"),
     ("chat_completion", "test_verbose_debug"): (MISSING, "the verbose field's __verbose"),
-    ("chat_completion", "test_logit_bias"): (SAMPLER, "logit_bias"),
     ("chat_completion", "test_completion_with_response_format[response_format1-10-[ -3000 ]]"): (
         BOUND,
         "the model's text under a schema",
@@ -61,7 +60,6 @@ REASONS: dict[tuple[str, str], tuple[str, str]] = {
     ("completion", "test_n_probs_stream"): (SAMPLER, "n_probs"),
     ("completion", "test_n_probs_post_sampling"): (SAMPLER, "n_probs, post_sampling_probs"),
     ("completion", "test_n_probs_post_backend_sampling"): (MISSING, "--backend_sampling"),
-    ("completion", "test_logit_bias"): (SAMPLER, "logit_bias"),
     ("completion", "test_completion_prompt_cache"): (BOUND, "its tokenizer's prompt lengths"),
     # security
     ("security", "test_access_static_assets_without_api_key"): (MISSING, "no web UI"),
@@ -86,10 +84,6 @@ REASONS: dict[tuple[str, str], tuple[str, str]] = {
     ("metrics", "test_metrics_prometheus_format"): (
         MISSING,
         "llamacpp:n_tokens_max and the spec_decode_* counters (we count neither)",
-    ),
-    ("metrics", "test_metrics_prompt_processed_and_cached"): (
-        MISSING,
-        "a repeated /completion prompt on one slot reports cache_n 0 (prompt cache reuse)",
     ),
     ("metrics", "test_metrics_generation_rate_excludes_first_token"): (
         MISSING,

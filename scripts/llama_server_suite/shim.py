@@ -27,8 +27,9 @@ Flags are handled in four ways (:data:`VALUED`, :data:`SWITCHES`):
   the test that asked for it fails, counted as unsupported.
 
 Environment: ``PYRAMID_SHIM_MODE`` (default ``target``: plain decoding, one model) and
-``PYRAMID_SHIM_THREADS`` (default 2) choose how the server decodes; ``PYRAMID_SHIM_LOG`` appends
-each command line run to a file.
+``PYRAMID_SHIM_THREADS`` (default 2) choose how the server decodes, ``PYRAMID_SHIM_STRICT=1``
+adds ``--strict-identity`` (no prompt-prefix reuse, so llama-server's cache counts differ);
+``PYRAMID_SHIM_LOG`` appends each command line run to a file.
 """
 
 from __future__ import annotations
@@ -296,8 +297,10 @@ def translate(argv: Sequence[str]) -> list[str]:
     if flash in ("on", "off"):
         out.append("--flash-attn" if flash == "on" else "--no-flash-attn")
     out += ["--mode", os.environ.get("PYRAMID_SHIM_MODE", "target")]
-    if os.environ.get("PYRAMID_SHIM_STRICT", "1") == "1":
-        out.append("--strict-identity")  # greedy answers as plain decoding, whatever the batch
+    if os.environ.get("PYRAMID_SHIM_STRICT", "0") == "1":
+        # greedy answers as plain decoding whatever the batch, but no prompt-prefix reuse
+        # (llama-server reuses the prompt cache, and its tests count it)
+        out.append("--strict-identity")
     if "--threads" not in out:
         out += ["--threads", os.environ.get("PYRAMID_SHIM_THREADS", "2")]
     return out
