@@ -43,7 +43,8 @@ class ModelHandle:
         self.placement = plan_placement(path, cfg)
         #: What the tensor overrides point into, kept as long as the model.
         self._overrides = self.placement.apply(params)
-        #: The RPC devices' array (``params.devices``), kept as long as the model.
+        #: The RPC devices' array and the output layer's overrides that ``params`` points at
+        #: (:class:`~.rpc.RemotePlacement`), kept as long as the model.
         self._devices = remote_devices(cfg, params)
         #: Contexts made from this model, freed before it.
         self.contexts: list[ContextHandle] = []
