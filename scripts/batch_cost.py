@@ -55,7 +55,7 @@ def main() -> None:
     curves = {}
     for path in args.models:
         with NativeModel(path, load) as m:
-            curves[path.name] = measure_curve(m, sizes=sizes, repeats=args.repeats).seconds
+            curves[path.name] = measure_curve(m, sizes=sizes, repeats=args.repeats).curve.seconds
     if args.json:
         meta = {"build": build_id(), "threads": args.threads, "n_gpu_layers": args.n_gpu_layers}
         ms = {name: [round(s * 1000, 3) for s in row] for name, row in curves.items()}

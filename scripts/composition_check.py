@@ -72,7 +72,7 @@ def timed(
         runs: dict[str, list[tuple[float, ...]]] = {p.name: [] for p in paths}
         for _ in range(rounds):
             for p, m in zip(paths, models, strict=True):
-                runs[p.name].append(measure_curve(m, sizes=sizes, repeats=1).seconds)
+                runs[p.name].append(measure_curve(m, sizes=sizes, repeats=1).curve.seconds)
     finally:
         for m in models:
             m.close()

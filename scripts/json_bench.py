@@ -101,7 +101,7 @@ def main() -> None:
     rows: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     with Pyramid.from_preset(args.preset, load=load) as p:
         step = p.costs()["target"](1)
-        llm = llama_cpp_python(p.ladder.target.model.path, args.threads, 4096, flash)
+        llm = llama_cpp_python(p.model_path, args.threads, 4096, flash)
         for r in range(args.repeats):
             for q in prompts:
                 assert q.schema is not None

@@ -300,6 +300,8 @@ def chat(client: httpx.Client, base: str, payload: dict[str, Any], index: int) -
 class Phase:
     records: list[Record]
     wall: float
+    #: Ours: the /metrics counters' change over the phase (``pyramid_gguf:`` names).
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -345,6 +347,86 @@ def all_at_once(args: argparse.Namespace, base: str, texts: list[str]) -> Phase:
     return Phase(done, last - first)
 
 
+def read_metrics(client: httpx.Client, base: str) -> dict[str, float]:
+    """Our ``/metrics`` as ``{name{labels}: value}`` (``pyramid_gguf:`` ones, prefix cut)."""
+    out: dict[str, float] = {}
+    resp = client.get(f"{base}/metrics")
+    if resp.status_code != 200:
+        return out
+    for line in resp.text.splitlines():
+        if line.startswith("pyramid_gguf:"):
+            name, _, value = line[len("pyramid_gguf:") :].rpartition(" ")
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
+def timed_phase(
+    args: argparse.Namespace, base: str, texts: list[str], together: bool, ours: bool
+) -> Phase:
+    """One phase, with the change of our counters over it."""
+    with httpx.Client(timeout=30.0) as client:
+        before = read_metrics(client, base) if ours else {}
+        phase = (all_at_once if together else one_at_a_time)(args, base, texts)
+        after = read_metrics(client, base) if ours else {}
+    phase.metrics = {k: after[k] - before.get(k, 0.0) for k in after}
+    return phase
+
+
+#: The step split's parts: (label, /metrics sample) for all steps, and for shared ones.
+SPLIT = (
+    ("llama_decode", 'step_seconds_total{part="llama_decode"}'),
+    ("rest of batch", 'step_seconds_total{part="batch_other"}'),
+    ("slots' work", 'step_seconds_total{part="slot_work"}'),
+    ("hand-off", 'step_seconds_total{part="handoff"}'),
+)
+SHARED = (
+    ("llama_decode", 'shared_step_seconds_total{part="llama_decode"}'),
+    ("rest of batch", 'shared_step_seconds_total{part="batch_other"}'),
+    ("between batches", 'shared_step_seconds_total{part="between"}'),
+)
+
+
+def step_split(m: dict[str, float]) -> dict[str, float]:
+    """Per step, in ms: the parts of a step (all batches), of a batch of several slots and the
+    gap before it, and the share of those several-slot steps outside ``llama_decode``."""
+    out: dict[str, float] = {}
+    if not m:
+        return out
+    n = m.get("n_decode_total", 0.0)
+    shared = m.get("shared_steps_total", 0.0)
+    out["batches"], out["shared_batches"] = n, shared
+    for label, key in SPLIT:
+        out[label] = 1000 * m.get(key, 0.0) / n if n else 0.0
+    total = 0.0
+    for label, key in SHARED:
+        v = m.get(key, 0.0)
+        total += v
+        out[f"shared {label}"] = 1000 * v / shared if shared else 0.0
+    out["shared step"] = 1000 * total / shared if shared else 0.0
+    dec = m.get(SHARED[0][1], 0.0)
+    out["shared outside"] = 1 - dec / total if total else 0.0
+    out["slot wake"] = 1000 * m.get("slot_wake_seconds_total", 0.0) / n if n else 0.0
+    out["slot work"] = 1000 * m.get("slot_work_seconds_total", 0.0) / n if n else 0.0
+    return out
+
+
+def split_line(name: str, m: dict[str, float]) -> str:
+    s = step_split(m)
+    if not s:
+        return ""
+    parts = ", ".join(f"{label} {s[label]:.1f}" for label, _ in SPLIT)
+    line = f"    {name}: {s['batches']:.0f} batches, per batch ms: {parts}"
+    if s["shared_batches"]:
+        line += (
+            f"; {s['shared_batches']:.0f} of several slots: step {s['shared step']:.1f} ms, "
+            f"llama_decode {s['shared llama_decode']:.1f}, rest of batch "
+            f"{s['shared rest of batch']:.1f}, between {s['shared between batches']:.1f} "
+            f"({100 * s['shared outside']:.1f}% outside llama_decode)"
+        )
+    return line
+
+
 @dataclass
 class Run:
     """One server's measurement in one repeat."""
@@ -372,12 +454,13 @@ def measure(args: argparse.Namespace, server: str, repeat: int) -> Run:
         if warm.error:
             raise SystemExit(f"{server}: warm-up failed: {warm.error}\n{proc.log_tail()}")
         texts = prompts(args.parallel)
+        ours = server == "ours"
         if args.together_first:
-            together = all_at_once(args, proc.base, texts)
-            solo = one_at_a_time(args, proc.base, texts)
+            together = timed_phase(args, proc.base, texts, True, ours)
+            solo = timed_phase(args, proc.base, texts, False, ours)
         else:
-            solo = one_at_a_time(args, proc.base, texts)
-            together = all_at_once(args, proc.base, texts)
+            solo = timed_phase(args, proc.base, texts, False, ours)
+            together = timed_phase(args, proc.base, texts, True, ours)
         errors = [r.error for r in (*solo.records, *together.records) if r.error]
         if errors:
             raise SystemExit(f"{server}: {len(errors)} request(s) failed: {errors[0]}")
@@ -387,9 +470,13 @@ def measure(args: argparse.Namespace, server: str, repeat: int) -> Run:
         f"  loaded in {load_s:.1f} s; one at a time {solo.tokens} tokens in {solo.wall:.1f} s "
         f"({solo.tok_s:.2f} tok/s), all at once {together.tokens} tokens in "
         f"{together.wall:.1f} s ({together.tok_s:.2f} tok/s); "
-        f"answers equal to solo {sum(equal)}/{len(equal)}",
+        f"answers equal to solo {sum(equal)}/{len(equal)}; worst TTFT one at a time "
+        f"{solo.worst_ttft:.2f} s, all at once {together.worst_ttft:.2f} s",
         flush=True,
     )
+    for name, phase in (("one at a time", solo), ("all at once", together)):
+        if line := split_line(name, phase.metrics):
+            print(line, flush=True)
     return run
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import statistics
@@ -42,6 +41,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from common import PEER_HOME, geomean, peer_bin
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.bench.prompts import TEXT_SETS, BenchPrompt, load_prompt_sets
@@ -64,12 +65,7 @@ def peer_tool(args: argparse.Namespace, *cmd: str) -> str:
 
 
 def speculative_simple(args: argparse.Namespace) -> Path:
-    found = sorted(args.peer_home.glob("*/vendor/llama.cpp/build/bin/llama-speculative-simple"))
-    if not found:
-        raise SystemExit(
-            f"no llama-speculative-simple under {args.peer_home}: run llama_peer.sh build"
-        )
-    return found[-1]
+    return peer_bin(args.peer_home, "llama-speculative-simple")
 
 
 def peer_ngram(args: argparse.Namespace, target: Path, prompt: str, kind: str) -> dict[str, float]:
@@ -110,10 +106,6 @@ def speed_at(times: list[float], n: int) -> float:
     """tok/s over the first ``n`` tokens of a :func:`timeline` (all of it when shorter)."""
     n = min(n, len(times))
     return n / max(times[n - 1], 1e-9)
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(statistics.mean(math.log(v) for v in values))
 
 
 def summarize(
@@ -174,7 +166,7 @@ def print_table(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--peer-home", type=Path, default=Path("~/.cache/llama-peer").expanduser())
+    ap.add_argument("--peer-home", type=Path, default=PEER_HOME)
     ap.add_argument("--tool", type=Path, default=TOOL, help="llama_peer.sh (for llama-bench)")
     ap.add_argument("--preset", default=DEFAULT_PRESET)
     ap.add_argument("--sets", default=",".join(TEXT_SETS))

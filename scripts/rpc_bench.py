@@ -32,9 +32,7 @@ from pyramid_gguf import native  # noqa: F401  # isort: skip
 
 import argparse
 import json
-import math
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import PEER_HOME, free_port, geomean, peer_bin
 from rpc_relay import Link, Relay
 
 from pyramid_gguf import Pyramid
@@ -57,12 +56,6 @@ from pyramid_gguf.core.spec import SpecConfig
 SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds, speed:\s*([0-9.]+)\s*t/s")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(port: int, threads: int, cache: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "pyramid_gguf", "rpc-server", "--port", str(port)]
     proc = subprocess.Popen(
@@ -75,13 +68,6 @@ def start_server(port: int, threads: int, cache: Path) -> subprocess.Popen[bytes
         except UserError:
             time.sleep(0.1)
     raise SystemExit("the RPC server did not start")
-
-
-def peer_bin(home: Path, name: str) -> Path:
-    found = sorted(home.glob(f"*/vendor/llama.cpp/build/bin/{name}"))
-    if not found:
-        raise SystemExit(f"no {name} under {home}: run ../shared/tools/llama_peer.sh build")
-    return found[-1]
 
 
 def peer_spec(args: argparse.Namespace, endpoint: str, prompt: str) -> float:
@@ -144,10 +130,6 @@ def ours(
     return out, texts
 
 
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path, required=True)
@@ -165,7 +147,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2, help="prompts per set")
     ap.add_argument("--sets", default="edit,qa", help="prompt sets (edit: answers copy)")
     ap.add_argument("--peer-n-max", default="3,8", help="llama.cpp's draft lengths tried")
-    ap.add_argument("--peer-home", type=Path, default=Path.home() / ".cache/llama-peer")
+    ap.add_argument("--peer-home", type=Path, default=PEER_HOME)
     ap.add_argument("--json", type=Path)
     ap.add_argument("-v", "--verbose", action="store_true", help="each generation's stats line")
     args = ap.parse_args()

@@ -54,13 +54,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from common import geomean
 
 from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.decoding.offline.replay import Replay, replay_trace
@@ -234,10 +234,6 @@ def as_two_tiers(trace: Trace, n: int, with_draft: bool) -> Trace:
 def rounds(r: Replay) -> dict[str, int]:
     """Rounds per chain ``auto`` ran (``target``: plain rounds)."""
     return {c.chain: c.rounds for c in r.auto.choices.values()}
-
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(statistics.mean(math.log(v) for v in values))
 
 
 def predict_set(

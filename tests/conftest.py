@@ -21,6 +21,7 @@ import pytest
 from synth import CHATML_TEMPLATE, TinySpec, write_tiny_llama
 
 from pyramid_gguf import Pyramid, SpecConfig
+from pyramid_gguf.core.ladder import LadderPaths
 from pyramid_gguf.core.load import LoadConfig
 
 #: Tiny models run fastest single-threaded: llama.cpp's thread sync costs more than they do.
@@ -120,3 +121,46 @@ def qwen_target_path() -> Path:
 def gemma_path() -> Path:
     """Gemma 3 270M Q4_K_M: sliding-window attention (PyPI chunk packages)."""
     return _real("gemma3-270m", "target")
+
+
+def one_error_line(code: int, err: str, *fragments: str) -> None:
+    """Exit status 1 and one ``Error:`` line on stderr containing every fragment."""
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    assert all(f in lines[0] for f in fragments), err
+
+
+def invoke(*args: str, input: str | bytes | None = None) -> tuple[int, str, str]:
+    """The CLI run in-process: exit code, stdout, stderr."""
+    from click.testing import CliRunner
+
+    from pyramid_gguf.cli.main import main
+
+    r = CliRunner().invoke(main, list(args), input=input)
+    return r.exit_code, r.stdout, r.stderr
+
+
+@pytest.fixture()
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty ``PYRAMID_GGUF_HOME`` (cost curves, tuned configs, profiles)."""
+    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture()
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No network, no Hugging Face cache, no user profiles: what a new user has."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+
+
+@pytest.fixture(scope="module")
+def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> LadderPaths:
+    """A tiny three-tier ladder written once per module (bench_fixtures.write_ladder)."""
+    from bench_fixtures import write_ladder
+
+    return write_ladder(tmp_path_factory.mktemp("ladder"))

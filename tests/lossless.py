@@ -13,16 +13,19 @@ the criterion names a bound and not an exact order.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from scipy import stats as sps
 
 from pyramid_gguf.api import Pyramid
 from pyramid_gguf.core.sampling import SamplingConfig
 from pyramid_gguf.core.spec import SpecConfig
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.runtime.engine import decode, make_scheduler
-from pyramid_gguf.decoding.runtime.sampling import Sampler
+from pyramid_gguf.decoding.runtime.sampling import Sampler, warp
 from pyramid_gguf.decoding.runtime.stats import GenerationStats
+from pyramid_gguf.decoding.runtime.tiers import ModelTier
 from pyramid_gguf.native import supports_gpu_offload
 
 #: Stated bounds on how far under the target's top logit either token of a permitted
@@ -113,3 +116,57 @@ def shaped_costs(p: Pyramid, *, per_token: float, draft: float) -> dict[str, Cos
         scale = 1.0 if tier is p.ladder.target else draft
         curves[tier.name] = CostCurve.shaped(scale, scale * per_token)
     return curves
+
+
+# --- the joint distribution of the first two sampled tokens, and its chi-square test ---------
+
+HOT = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4, ignore_eos=True)
+GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)
+PROMPT = "the model of the tree"
+SEEDS = 2500
+
+
+def joint(tier: ModelTier, prompt: list[int]) -> np.ndarray:
+    """``p(t1, t2)`` of ``tier`` after ``prompt`` under :data:`HOT`, flattened ``[V * V]``."""
+    p1 = warp(tier.score(prompt, [])[0], HOT)
+    out = np.zeros((len(p1), len(p1)))
+    for t1 in np.flatnonzero(p1 > 1e-7):  # the rest cannot show up in a few thousand samples
+        out[t1] = p1[t1] * warp(tier.score([*prompt, int(t1)], [])[0], HOT)
+    tier.model.reset()
+    return (out / out.sum()).ravel()
+
+
+def pairs(run: object, n_vocab: int) -> np.ndarray:
+    firsts = np.array([run(seed)[:2] for seed in range(SEEDS)])  # type: ignore[operator]
+    return firsts[:, 0] * n_vocab + firsts[:, 1]
+
+
+def chain_joint(
+    tier: ModelTier, prompt: list[int], sampling: SamplingConfig, vocab: Any = None
+) -> np.ndarray:
+    """``p(t1, t2)`` of ``tier`` under ``sampling``'s whole chain, each position warped after
+    its own prefix (the penalties read it), flattened ``[V * V]``; ``vocab``: the vocabulary
+    DRY's sequence breakers are found in."""
+    s = Sampler(sampling, vocab=vocab)
+
+    def dist(prefix: list[int]) -> np.ndarray:
+        return s.warp(s.prepare(prefix, tier.score(prefix, [])[0]))
+
+    p1 = dist(prompt)
+    out = np.zeros((len(p1), len(p1)))
+    for t1 in np.flatnonzero(p1 > 1e-7):
+        out[t1] = p1[t1] * dist([*prompt, int(t1)])
+    tier.model.reset()
+    return (out / out.sum()).ravel()
+
+
+def chi_square_pvalue(samples: np.ndarray, expected_probs: np.ndarray) -> float:
+    """Pearson chi-square goodness of fit, bins with expected count < 5 pooled."""
+    n = len(samples)
+    observed = np.bincount(samples, minlength=len(expected_probs)).astype(float)
+    expected = expected_probs * n
+    small = expected < 5
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    return float(sps.chisquare(obs[keep], exp[keep]).pvalue)

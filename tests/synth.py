@@ -244,3 +244,60 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n"
     "{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}"
 )
+
+
+def write_tiny_moe(
+    path: str | Path,
+    *,
+    experts: int = 4,
+    used: int = 2,
+    expert_noise: float = 0.5,
+    router_seed: int = 0,
+    **dense: object,
+) -> Path:
+    """Write a tiny llama-architecture mixture of experts (Mixtral-style: llama.cpp's llama
+    graph softmaxes the router, keeps the top ``used`` of ``experts`` and renormalises their
+    weights) to ``path`` and return it.
+
+    The dense model :func:`write_tiny_llama` writes with ``dense`` (``seed``, ``base_seed``,
+    ``noise``, ``spec``...) gives everything but the FFN; expert ``e`` of layer ``i`` is that
+    model's ``blk.i.ffn_*`` plus ``expert_noise`` times its own random weights, so the experts
+    differ (routing changes the answers) while a draft near the dense model stays a good draft.
+    The router ``ffn_gate_inp`` is random (``router_seed``).
+    """
+    path = Path(path)
+    dense_path = write_tiny_llama(path.with_suffix(".dense.gguf"), **dense)  # type: ignore[arg-type]
+    reader = gguf.GGUFReader(dense_path)
+    rng = np.random.default_rng(router_seed)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, field.contents(), kind, sub_type=field.types[1])
+        else:
+            writer.add_key_value(key, field.contents(), kind)
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(used)
+    for t in reader.tensors:
+        data = np.array(t.data)
+        role = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if role in ("ffn_gate", "ffn_up", "ffn_down"):
+            layer = t.name.split(".")[1]
+            scale = expert_noise / np.sqrt(data.shape[1])
+            stacked = np.stack(
+                [data + scale * rng.standard_normal(data.shape) for _ in range(experts)]
+            ).astype(data.dtype)
+            if role == "ffn_gate":
+                router = rng.standard_normal((experts, data.shape[1])) / np.sqrt(data.shape[1])
+                writer.add_tensor(f"blk.{layer}.ffn_gate_inp.weight", router.astype(np.float32))
+            writer.add_tensor(f"blk.{layer}.{role}_exps.weight", stacked)
+        else:
+            writer.add_tensor(t.name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    dense_path.unlink()
+    return path

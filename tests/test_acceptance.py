@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy import stats as sps
+from lossless import chi_square_pvalue
 
 from pyramid_gguf.decoding.runtime import verification as acceptance
 from pyramid_gguf.decoding.runtime.verification import exact, fuzzy, greedy_match
@@ -144,18 +144,6 @@ def test_divergences_match_scipy() -> None:
     np.testing.assert_allclose(kl[rows], entropy(p[rows], q[rows], axis=1), rtol=1e-9)
     assert 1e3 < kl[1] < np.inf
     np.testing.assert_allclose(acceptance.tv(a, b), 0.5 * np.abs(p - q).sum(axis=1), atol=1e-12)
-
-
-def chi_square_pvalue(samples: np.ndarray, expected_probs: np.ndarray) -> float:
-    """Pearson chi-square goodness of fit, bins with expected count < 5 pooled."""
-    n = len(samples)
-    observed = np.bincount(samples, minlength=len(expected_probs)).astype(float)
-    expected = expected_probs * n
-    small = expected < 5
-    obs = np.append(observed[~small], observed[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    keep = exp > 0
-    return float(sps.chisquare(obs[keep], exp[keep]).pvalue)
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -19,9 +19,8 @@ import httpx
 import jsonschema
 import pydantic
 import pytest
-from test_server import live_server
-from test_structured import KEYED
-from test_tools import QWEN_TEMPLATE, TINY_TOOLS
+from serving_support import live_server
+from tool_support import KEYED, QWEN_TEMPLATE, TINY_TOOLS
 
 from pyramid_gguf import Pyramid
 from pyramid_gguf.serving.settings import ServerSettings

@@ -1,16 +1,21 @@
 """The import graph matches docs/ARCHITECTURE.md: layers import downward only, with no cycles,
-and the pure parts import without llama.cpp."""
+and the pure parts import without llama.cpp; its maps name every module and script by path."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pyramid_gguf"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "pyramid_gguf"
+DOC = ROOT / "docs" / "ARCHITECTURE.md"
+#: Script folders named as a whole (a kit with its own entry point), not file by file.
+KITS = ("scripts/gpu/",)
 
 #: Layers, lowest first (docs/ARCHITECTURE.md). A module may import its own layer or lower.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -22,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("decoding.runtime",),
     ("decoding.offline",),
     ("planning",),
+    ("runtime",),
     ("api", "embeddings"),
     ("bench", "serving"),
     ("cli", "__main__"),
@@ -176,3 +182,85 @@ def test_the_python_api_imports_without_a_web_framework(module: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr[-500:]
+
+
+def map_paths(block: str) -> set[str]:
+    """The paths a map (a code block of docs/ARCHITECTURE.md) names: a folder at the start of a
+    line (``cli/``) or indented two under one (``  runtime/``) holds the file names after it,
+    until the next folder or a file at the start of a line (``api.py``); a name with a slash
+    (``pricing/chains.py``) is read from its folder, its folder's parent or the map's root."""
+    top = folder = ""
+    out: set[str] = set()
+    for line in block.splitlines():
+        if m := re.match(r"(\w+)/(\s|$)", line):
+            top = folder = f"{m.group(1)}/"
+        elif m := re.match(r"  (\w+)/(\s|$)", line):
+            folder = f"{top}{m.group(1)}/"
+        elif re.match(r"[\w.]+\.\w+\s", line):
+            top = folder = ""
+        for name in re.findall(r"(?<![\w./-])((?:\w+/)*[\w.]+\.(?:py|sh))\b", line):
+            out |= {f"{folder}{name}", f"{top}{name}", name}
+    return out
+
+
+def documented() -> tuple[set[str], set[str]]:
+    """What docs/ARCHITECTURE.md names: package paths (its first map, plus any package-relative
+    path written in its text) and repository paths (its second map: tests and scripts)."""
+    text = DOC.read_text(encoding="utf-8")
+    blocks = re.findall(r"```\n(.*?)```", text, flags=re.S)
+    prose = re.sub(r"```\n.*?```", "", text, flags=re.S)
+    in_text = set(re.findall(r"(?<![\w./-])((?:\w+/)*[\w.]+\.py)\b", prose))
+    return map_paths(blocks[0]) | in_text, map_paths(blocks[1])
+
+
+def test_the_map_names_every_module_by_its_path() -> None:
+    """Every module of the package is named where it lives (``planning/remote.py`` is not
+    ``core/remote.py``): a module added without a line in its folder's entry fails here."""
+    package, _ = documented()
+    missing = [
+        rel
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "__init__.py" and (rel := p.relative_to(PACKAGE).as_posix()) not in package
+    ]
+    assert not missing, f"docs/ARCHITECTURE.md does not name: {', '.join(missing)}"
+
+
+def test_the_map_names_every_script_by_its_path() -> None:
+    _, outside = documented()
+    scripts = ROOT / "scripts"
+    missing = [
+        rel
+        for p in sorted(scripts.rglob("*"))
+        if p.suffix in (".py", ".sh")
+        and not (rel := p.relative_to(ROOT).as_posix()).startswith(KITS)
+        and rel not in outside
+    ]
+    kits = [k for k in KITS if not re.search(rf"^  {k.split('/')[1]}/", DOC.read_text(), re.M)]
+    assert not missing + kits, f"docs/ARCHITECTURE.md does not name: {', '.join(missing + kits)}"
+
+
+def test_the_map_reader_tells_folders_apart() -> None:
+    """The check above is by path: a file name under the wrong folder does not count."""
+    paths = map_paths("core/       remote.py (RpcConfig)\nmodels/     fetch.py (remote.py)\n")
+    assert {"core/remote.py", "models/remote.py", "models/fetch.py"} <= paths
+    assert "planning/remote.py" not in paths
+    nested = map_paths("decoding/   x\n  runtime/    rounds.py and pricing/chains.py\napi.py  a\n")
+    assert {"decoding/runtime/rounds.py", "decoding/pricing/chains.py", "api.py"} <= nested
+
+
+#: Where a loaded ladder's tiers may be reached into; everything above reads
+#: :class:`~pyramid_gguf.runtime.facts.LadderFacts` (``Pyramid.vocab``, ``n_ctx``, ``tiers()``...).
+TIER_OWNERS = ("decoding/runtime/", "native/", "planning/", "runtime/")
+
+
+def test_no_caller_above_the_runtime_reaches_through_the_ladders_tiers() -> None:
+    # (``cal.loaded``: a calibration measured on a busy machine, not a tier's model)
+    reach = re.compile(r"ladder\.(target|draft|qualifier)\b|(?<!\bcal)\.loaded\b")
+    wrong = [
+        f"{rel}:{i}"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if not (rel := p.relative_to(PACKAGE).as_posix()).startswith(TIER_OWNERS)
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if reach.search(line)
+    ]
+    assert not wrong, "reaching through ladder tiers: " + ", ".join(wrong)

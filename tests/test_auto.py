@@ -12,7 +12,7 @@ from typing import cast
 
 import numpy as np
 import pytest
-from test_policy import AVX512, NOAMX
+from cost_curves import AVX512, NOAMX
 
 from pyramid_gguf.core.sampling import SamplingConfig
 from pyramid_gguf.core.spec import SpecConfig

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bench_fixtures import PROMPTS, load_ladder, write_ladder
+from bench_fixtures import PROMPTS, load_ladder
 from click.testing import CliRunner
 
 from pyramid_gguf.bench.grid import BenchConfig, build_grid, parse_modes, parse_sweep
@@ -25,11 +25,6 @@ from pyramid_gguf.core.spec import SpecConfig
 
 GREEDY = SamplingConfig(temperature=0, max_tokens=12)
 ALL = ["target", "sd", "fsd", "psd-exact", "psd-a", "psd-f"]
-
-
-@pytest.fixture(scope="module")
-def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> LadderPaths:
-    return write_ladder(tmp_path_factory.mktemp("bench-ladder"))
 
 
 @pytest.fixture(scope="module")

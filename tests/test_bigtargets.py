@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import huggingface_hub.constants
 import pytest
 from click.testing import CliRunner
+from planning_support import plan_json
 from traces_fixtures import synthetic_set
 
 from pyramid_gguf.cli.main import main
@@ -58,23 +58,11 @@ QWEN32 = "qwen2.5-0.5b-7b-32b"
 CARD = ["--gpu", "rtx-4060-8gb", "--vram", "8GiB"]
 
 
-@pytest.fixture(autouse=True)
-def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No network, no Hugging Face cache, no user profiles: what a new user has."""
-    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+pytestmark = pytest.mark.usefixtures("offline")
 
 
 def invoke(*args: str) -> Any:
     return CliRunner().invoke(main, ["plan", *args])
-
-
-def plan_json(*args: str) -> dict[str, Any]:
-    res = invoke(*args, "--json")
-    assert res.exit_code == 0, res.output
-    doc: dict[str, Any] = json.loads(res.output)
-    return doc
 
 
 # --- presets and shapes -------------------------------------------------------------------------
@@ -371,7 +359,7 @@ def test_the_peer_is_at_most_what_auto_reaches_with_the_same_chain(card: str) ->
 def test_the_best_smaller_tier_drafts_for_the_peer() -> None:
     """A qualifier that agrees far better than the draft is llama.cpp's better draft where the
     target's step is dear; the peer picks it, at a longer block than the weak draft."""
-    from test_planning import CPU, GPU, LADDER, LOAD
+    from planning_support import CPU, GPU, LADDER, LOAD
 
     traces = synthetic_set(2, draft=0.3, qualifier=0.95)
     options = placements(LADDER, 6 * GiB, LOAD)

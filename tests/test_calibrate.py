@@ -16,29 +16,74 @@ from conftest import TINY_LOAD
 
 from pyramid_gguf.cli.main import main
 from pyramid_gguf.decoding.runtime.calibrate import (
+    ATTEMPTS,
     MAX_N,
+    Measured,
     cache_key,
     cache_path,
     calibrate,
     measure_curve,
     probe_identity,
+    summarize,
 )
 from pyramid_gguf.decoding.runtime.tiers import ModelTier
 from pyramid_gguf.native import NativeModel
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")
 
 
-def test_measured_curve_is_complete_and_monotone(tiny_target: Path) -> None:
+def test_measured_curve_is_complete_and_its_own(tiny_target: Path) -> None:
+    """Every size up to MAX_N is priced, and no point sits above what was measured there by
+    more than the noise of its repeats (no running maximum)."""
     with NativeModel(tiny_target, TINY_LOAD) as m:
-        curve = measure_curve(m, repeats=1)
-        assert len(curve.seconds) == MAX_N
-        assert all(b >= a > 0 for a, b in zip(curve.seconds, curve.seconds[1:], strict=False))
+        measured = measure_curve(m, repeats=2)
+        curve = measured.curve
+        assert len(curve.seconds) == MAX_N and all(s > 0 for s in curve.seconds)
         assert m.n_past == 0  # the cache is left empty
+    for t in measured.timed:
+        assert curve(t.n) <= t.median + t.high - t.low + 1e-6
+
+
+def test_a_curve_that_falls_is_recorded_falling() -> None:
+    """A split tier's curve flattens or falls past llama.cpp's op-offload threshold: the fall,
+    beyond the repeats' noise, stays in the curve; a dip within noise is smoothed away."""
+    rounds = {
+        1: [0.40, 0.41, 0.40],
+        8: [1.40, 1.41, 1.39],
+        16: [1.48, 1.47, 1.49],
+        32: [1.00, 1.02, 1.01],  # op offload: cheaper than 16 tokens, well beyond noise
+        64: [1.05, 1.04, 1.06],
+    }
+    curve = summarize(rounds).curve
+    assert curve(32) == pytest.approx(1.01) and curve(32) < curve(16)
+    assert curve(64) == pytest.approx(1.05)
+    noisy = summarize({1: [1.0, 1.1, 0.9], 2: [0.98, 1.08, 0.95], 4: [1.5, 1.5, 1.5]}).curve
+    assert noisy(2) == pytest.approx(1.0)  # 0.98 < 1.0 by less than its repeats' spread
+    assert noisy(3) == pytest.approx(1.25)  # interpolated between measured sizes
+
+
+def test_busy_machine_is_measured_again_and_not_cached(
+    tiny_target: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A calibration whose repeats spread beyond LOADED_SPREAD at most sizes is measured
+    again; still noisy, it prices this run and is not cached, so the next run measures anew."""
+    from pyramid_gguf.decoding.runtime import calibrate as module
+
+    calls: list[int] = []
+
+    def noisy(model: object, **_: object) -> Measured:
+        calls.append(1)
+        return summarize({n: [n * 0.01, n * 0.02, n * 0.015] for n in (1, 2, 4)})
+
+    monkeypatch.setattr(module, "measure_curve", noisy)
+    with NativeModel(tiny_target, TINY_LOAD) as m:
+        said: list[str] = []
+        cal = calibrate(ModelTier("target", m), say=said.append)
+        assert cal.loaded and len(calls) == ATTEMPTS
+        assert any("busy" in line for line in said)
+        assert not cache_path(cache_key(m)).exists()
+        calibrate(ModelTier("target", m))
+        assert len(calls) == 2 * ATTEMPTS  # not cached: measured again
 
 
 class _SlowSpell:
@@ -73,8 +118,9 @@ def test_a_slow_spell_does_not_bend_the_curve(
 
     model = _SlowSpell(slow_from)
     monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: model.clock))
-    curve = measure_curve(cast(Any, model))
-    assert curve.seconds == pytest.approx([n * 1e-3 for n in range(1, MAX_N + 1)])
+    measured = measure_curve(cast(Any, model))
+    assert measured.curve.seconds == pytest.approx([n * 1e-3 for n in range(1, MAX_N + 1)])
+    assert not measured.loaded  # one burst is not a busy machine
 
 
 def test_identity_probe_finds_what_the_kernels_keep(tiny_target: Path) -> None:
@@ -99,13 +145,19 @@ def test_calibration_is_cached_per_file_and_load_settings(tiny_target: Path, hom
         again = calibrate(tier, say=said.append)
         assert not again.measured and again.curve == first.curve and len(said) == 1
         path = cache_path(cache_key(m))
-        assert path.parent == home / "costs" and json.loads(path.read_text())["key"]["threads"]
+        key = json.loads(path.read_text())["key"]
+        assert path.parent == home / "costs" and key["load"]["n_threads"] == 1
         probed = calibrate(tier, probe=True)  # asks for the probe: measured once more
         assert probed.measured and probed.identity_batch is not None
         assert calibrate(tier, refresh=True).measured
-    other = replace(TINY_LOAD, n_threads=2, n_threads_batch=2)
-    with NativeModel(tiny_target, other) as m:
-        assert cache_path(cache_key(m)) != path  # other threads: another calibration
+    for other in (
+        replace(TINY_LOAD, n_threads=2, n_threads_batch=2),
+        replace(TINY_LOAD, op_offload=False),
+    ):
+        with NativeModel(tiny_target, other) as m:
+            assert cache_path(cache_key(m)) != path  # other settings: another calibration
+    with NativeModel(tiny_target, replace(TINY_LOAD, n_ctx=1024)) as m:
+        assert cache_path(cache_key(m)) == path  # the context's size is not a cost
 
 
 def test_calibrate_command(tiny_target: Path, tiny_draft: Path) -> None:
@@ -120,3 +172,6 @@ def test_calibrate_command(tiny_target: Path, tiny_draft: Path) -> None:
     assert text.exit_code == 0, text.output
     assert "ms per evaluation" in text.stdout and "bit-identical" in text.stdout
     assert "ngram:" in text.stdout
+    verbose = CliRunner().invoke(main, [*args, "-v"])
+    assert verbose.exit_code == 0, verbose.output
+    assert f"n={MAX_N}" in verbose.stdout and "measured (" in verbose.stdout

@@ -9,16 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from pyramid_gguf.cli.main import main
+from conftest import invoke
 
 FAST = ["-t", "1", "-c", "512", "--temp", "0", "-n", "12"]
-
-
-def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
-    r = CliRunner().invoke(main, list(args), input=input)
-    return r.exit_code, r.stdout, r.stderr
 
 
 def test_run_streams_text_and_prints_stats(

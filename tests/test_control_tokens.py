@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server import live_server
-from test_tools import QWEN_TEMPLATE, TINY_MESSAGES, TINY_TOOLS, TOOLS
+from serving_support import live_server
+from tool_support import QWEN_TEMPLATE, TINY_MESSAGES, TINY_TOOLS, TOOLS
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.chat import parse_tool_request

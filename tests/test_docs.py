@@ -1,8 +1,8 @@
-"""The docs say what the code does: the README's and docs/ALGORITHMS.md's mode and knob tables
-(the modes of :data:`~pyramid_gguf.core.modes.MODES`, lossless or not, tiers needed, and the
-knobs of :data:`~pyramid_gguf.core.spec.SPEC_KNOBS` with
-:class:`~pyramid_gguf.core.spec.SpecConfig`'s defaults), and docs/ARCHITECTURE.md's map of the
-modules."""
+"""The docs say what the code does: the README's and docs/ALGORITHMS.md's mode tables (the
+modes of :data:`~pyramid_gguf.core.modes.MODES`, lossless or not, tiers needed), docs/USAGE.md's
+knob table (:data:`~pyramid_gguf.core.spec.SPEC_KNOBS` with
+:class:`~pyramid_gguf.core.spec.SpecConfig`'s defaults), and every command the README and docs
+show (docs/ARCHITECTURE.md's map is checked by tests/test_architecture.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def shown(value: object) -> str:
 
 
 def test_knob_table_matches_spec_knobs_and_defaults() -> None:
-    rows = table_rows(ROOT / "README.md", "| knob | meaning | default |")
+    rows = table_rows(ROOT / "docs" / "USAGE.md", "| knob | meaning | default |")
     defaults = {f.name: f.default for f in fields(SpecConfig)}
     documented: dict[str, str] = {}
     for row in rows:
@@ -75,9 +75,13 @@ def test_knob_table_matches_spec_knobs_and_defaults() -> None:
         assert value == shown(defaults[name]), (name, value)
 
 
-def readme_commands() -> list[str]:
-    """Every ``pyramid-gguf ...`` line of the README's bash blocks (comments dropped)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The pages whose commands a user copies.
+COMMAND_DOCS = ("README.md", "docs/USAGE.md", "docs/SERVING.md")
+
+
+def readme_commands(docs: tuple[str, ...] = COMMAND_DOCS) -> list[str]:
+    """Every ``pyramid-gguf ...`` line of the bash blocks of ``docs`` (comments dropped)."""
+    text = "\n".join((ROOT / d).read_text(encoding="utf-8") for d in docs)
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     lines = [ln.split("  #")[0].strip() for b in blocks for ln in b.splitlines()]
     cmds = []
@@ -90,7 +94,17 @@ def readme_commands() -> list[str]:
 
 
 def test_the_readme_shows_commands() -> None:
-    assert len(readme_commands()) >= 10
+    assert len(readme_commands(("README.md",))) >= 10
+
+
+def test_the_readme_is_short_and_sets_up_in_one_command() -> None:
+    """At most 150 lines, the rest in docs/; its first command installs through
+    scripts/install.sh (llama-cpp-python compiled once, with RPC) and the tests reuse it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    first = re.findall(r"```bash\n(.*?)```", text, flags=re.S)[0].strip()
+    assert first.startswith("scripts/install.sh && pyramid-gguf run -p ")
+    assert "scripts/install.sh dev" in (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("line", readme_commands())
@@ -115,16 +129,3 @@ def test_every_readme_command_parses(line: str) -> None:
         ctx = sub.make_context(name, rest, parent=ctx)
         command = sub
     assert command is not main, line
-
-
-def test_architecture_names_every_module() -> None:
-    """docs/ARCHITECTURE.md's map lists every module of the package by file name: a module
-    added without a line there fails here."""
-    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    package = ROOT / "pyramid_gguf"
-    missing = [
-        str(p.relative_to(package))
-        for p in sorted(package.rglob("*.py"))
-        if p.name != "__init__.py" and not re.search(rf"(?<![\w/.]){re.escape(p.name)}", text)
-    ]
-    assert not missing, f"docs/ARCHITECTURE.md does not name: {', '.join(missing)}"

@@ -25,9 +25,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import TINY_LOAD
-from test_acceptance import chi_square_pvalue
-from test_lossless import chain_joint
-from test_server import live_server
+from lossless import chain_joint, chi_square_pvalue
+from serving_support import live_server
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.cli.main import main

@@ -15,11 +15,8 @@ import base64
 import importlib.util
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -32,10 +29,10 @@ import numpy as np
 import ollama
 import openai
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from conftest import TINY_LOAD
 from fastapi.testclient import TestClient
+from serving_support import live_server
 from synth import write_tiny_llama
 
 from pyramid_gguf.api import Pyramid
@@ -78,29 +75,11 @@ def ladder(tiny_target: Path) -> Iterator[Pyramid]:
         yield p
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serving(pyramid: Pyramid, settings: ServerSettings, embedder: Embedder | None) -> Iterator[str]:
-    """``create_app`` (what ``serve`` runs) on uvicorn in a thread; its URL."""
-    port = _free_port()
-    app = create_app(pyramid, settings, embedder)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    """``create_app`` (what ``serve`` runs) live; its URL."""
+    with live_server(pyramid, settings, embedder) as live:
+        yield live.url
 
 
 @pytest.fixture(scope="module")

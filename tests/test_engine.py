@@ -217,3 +217,19 @@ def test_summary_names_the_prompt_tokens_reused_from_the_cache(pyramid: Pyramid)
             else f"prompt {len(tokens)} tok "
         )
         assert stats.summary().startswith(said)
+
+
+def test_the_ladders_facts_are_read_without_its_tiers(
+    pyramid: Pyramid, tiny_target: Path, tiny_draft: Path, tiny_qualifier: Path
+) -> None:
+    """What serving, the CLI and benchmarks read of a loaded ladder (``runtime/facts.py``):
+    the context every request must fit, the vocabulary, the target's file, and each tier's."""
+    assert pyramid.n_ctx == min(m.n_ctx for m in pyramid.ladder.models)
+    assert pyramid.n_vocab == pyramid.vocab.n_vocab > 0
+    assert pyramid.model_path == tiny_target
+    assert pyramid.metadata()["general.architecture"] == "llama"
+    tiers = pyramid.tiers()
+    assert [t.name for t in tiers] == ["draft", "qualifier", "target"]
+    assert [t.path for t in tiers] == [tiny_draft, tiny_qualifier, tiny_target]
+    assert all(t.size == t.path.stat().st_size and t.weights for t in tiers)
+    assert pyramid.detokenize(pyramid.tokenize("the model")).endswith("the model")

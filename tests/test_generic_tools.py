@@ -26,10 +26,10 @@ import jsonschema
 import openai
 import pytest
 from llguidance import LLTokenizer, TokenizerWrapper
+from serving_support import live_server
 from synth import CHATML_TEMPLATE
-from test_server import live_server
-from test_toolcalls import ADD, WEATHER, ByteTokenizer, accepts, ids, rebuild
-from test_tools import CALL_ID, TINY_MESSAGES, TINY_TOOLS, checked_calls, named, same_calls
+from tool_support import CALL_ID, TINY_MESSAGES, TINY_TOOLS, checked_calls, named, same_calls
+from toolcall_support import ADD, WEATHER, ByteTokenizer, accepts, ids, rebuild
 
 from pyramid_gguf import Pyramid
 from pyramid_gguf.chat import (

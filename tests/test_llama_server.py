@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import TINY_LOAD
-from test_server import Live, live_server
-from test_tools import QWEN_TEMPLATE, TINY_TOOLS
+from serving_support import Live, live_server
+from tool_support import QWEN_TEMPLATE, TINY_TOOLS
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.serving.settings import ServerSettings

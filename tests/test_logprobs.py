@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import TINY_LOAD
 from lossless import kernel_atol, target_logits_at
-from test_server import live_server
+from serving_support import live_server
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.decoding.pricing.costs import CostCurve

@@ -14,37 +14,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from conftest import TINY_LOAD
-from lossless import TINY_TIE, assert_same_or_near_tie, generate, shaped_costs
-from test_acceptance import chi_square_pvalue
+from lossless import (
+    GREEDY,
+    HOT,
+    PROMPT,
+    TINY_TIE,
+    assert_same_or_near_tie,
+    chain_joint,
+    chi_square_pvalue,
+    generate,
+    joint,
+    pairs,
+    shaped_costs,
+)
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.decoding.runtime.sampling import Sampler, warp
 from pyramid_gguf.decoding.runtime.tiers import ModelTier
-
-HOT = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4, ignore_eos=True)
-GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)
-PROMPT = "the model of the tree"
-SEEDS = 2500
-
-
-def joint(tier: ModelTier, prompt: list[int]) -> np.ndarray:
-    """``p(t1, t2)`` of ``tier`` after ``prompt`` under :data:`HOT`, flattened ``[V * V]``."""
-    p1 = warp(tier.score(prompt, [])[0], HOT)
-    out = np.zeros((len(p1), len(p1)))
-    for t1 in np.flatnonzero(p1 > 1e-7):  # the rest cannot show up in a few thousand samples
-        out[t1] = p1[t1] * warp(tier.score([*prompt, int(t1)], [])[0], HOT)
-    tier.model.reset()
-    return (out / out.sum()).ravel()
-
-
-def pairs(run: object, n_vocab: int) -> np.ndarray:
-    firsts = np.array([run(seed)[:2] for seed in range(SEEDS)])  # type: ignore[operator]
-    return firsts[:, 0] * n_vocab + firsts[:, 1]
 
 
 @pytest.mark.parametrize(
@@ -145,25 +134,6 @@ def test_auto_uses_ngram_where_text_repeats(pyramid: Pyramid) -> None:
 
 
 # --- llama.cpp's other samplers: every tier warps the same way, each position after its prefix
-
-
-def chain_joint(
-    tier: ModelTier, prompt: list[int], sampling: SamplingConfig, vocab: Any = None
-) -> np.ndarray:
-    """``p(t1, t2)`` of ``tier`` under ``sampling``'s whole chain, each position warped after
-    its own prefix (the penalties read it), flattened ``[V * V]``; ``vocab``: the vocabulary
-    DRY's sequence breakers are found in."""
-    s = Sampler(sampling, vocab=vocab)
-
-    def dist(prefix: list[int]) -> np.ndarray:
-        return s.warp(s.prepare(prefix, tier.score(prefix, [])[0]))
-
-    p1 = dist(prompt)
-    out = np.zeros((len(p1), len(p1)))
-    for t1 in np.flatnonzero(p1 > 1e-7):
-        out[t1] = p1[t1] * dist([*prompt, int(t1)])
-    tier.model.reset()
-    return (out / out.sum()).ravel()
 
 
 def _chains(pyramid: Pyramid, prompt: list[int]) -> dict[str, SamplingConfig]:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import TINY_LOAD
-from test_server import Live, live_server
+from serving_support import Live, live_server
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.serving.settings import ServerSettings

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import llama_cpp
 import pytest
+from conftest import invoke
 
 from pyramid_gguf.chat.named import NAMED_TEMPLATES, named_template
 from pyramid_gguf.chat.templates import ChatTemplate
@@ -100,7 +101,7 @@ def test_serve_chat_template_takes_a_name(tiny_target: Path) -> None:
     renders llama.cpp's llama3 prompt, not the GGUF's ChatML."""
     import httpx
     from conftest import TINY_LOAD
-    from test_server import live_server
+    from serving_support import live_server
 
     from pyramid_gguf import Pyramid
     from pyramid_gguf.serving.settings import ServerSettings, resolve_chat_format
@@ -115,15 +116,6 @@ def test_serve_chat_template_takes_a_name(tiny_target: Path) -> None:
     prompt = r.json()["prompt"]
     assert prompt != gguf
     assert prompt.endswith(render("llama3", messages, True))
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    from click.testing import CliRunner
-
-    from pyramid_gguf.cli.main import main
-
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.stdout, r.stderr
 
 
 def test_run_chat_template_renders_the_prompt_with_it(tiny_target: Path, tiny_draft: Path) -> None:
@@ -143,16 +135,16 @@ def test_run_chat_template_renders_the_prompt_with_it(tiny_target: Path, tiny_dr
         gguf = len(pyramid.chat_tokens(messages))
     assert want != gguf
     for target in (tiny_target, tiny_draft):  # with and without a template of its own
-        code, out, err = run_cli(
+        code, out, err = invoke(
             "run", "--target", str(target), "--chat-template", "llama3", "-p", "hi", *fast, "--json"
         )
         assert code == 0, err
         assert json.loads(out)["stats"]["prompt_tokens"] == want
-    code, _, err = run_cli(
+    code, _, err = invoke(
         "run", "--target", str(tiny_target), "--chat-template", "llama3", "-p", "hi", *fast, "-v"
     )
     assert code == 0 and "chat template: --chat-template" in err, err
-    code, out, err = run_cli(
+    code, out, err = invoke(
         "run", "--target", str(tiny_target), "--chat-template", "llama3", "--raw", "-p", "hi"
     )
     assert code == 1 and "drop --raw" in out + err
@@ -162,7 +154,7 @@ def test_run_chat_template_renders_the_prompt_with_it(tiny_target: Path, tiny_dr
 def test_an_unknown_template_name_is_one_error_line(extra: list[str], tmp_path: Path) -> None:
     """Refused before any model is loaded (the target file does not even exist)."""
     missing = str(tmp_path / "x.gguf")
-    code, out, err = run_cli(*extra, "--target", missing, "--chat-template", "llama9")
+    code, out, err = invoke(*extra, "--target", missing, "--chat-template", "llama9")
     assert code == 1
     lines = (out + err).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:"), lines

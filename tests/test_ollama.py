@@ -17,9 +17,8 @@ import jsonschema
 import ollama
 import pytest
 from conftest import TINY_CHAT_LOAD
-from test_server import live_server
-from test_structured import KEYED
-from test_tools import QWEN_TEMPLATE, TINY_MESSAGES, TINY_TOOLS
+from serving_support import live_server
+from tool_support import KEYED, QWEN_TEMPLATE, TINY_MESSAGES, TINY_TOOLS
 
 from pyramid_gguf import Pyramid, SamplingConfig
 from pyramid_gguf.serving.ollama import sampling_of

@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import huggingface_hub.constants
 import pytest
 from click.testing import CliRunner
 from hub_server import HubServer, hf_tier_toml, hub_env
+from planning_support import plan_json
 from synth import TinySpec, write_tiny_llama
 
 from pyramid_gguf.cli.main import main
@@ -36,19 +36,7 @@ from preset_shapes import CONFIGS, recipe_shape
 LLAMA = "llama3-1b-3b-8b"
 
 
-@pytest.fixture(autouse=True)
-def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No network, no Hugging Face cache, no user profiles: what a new user has."""
-    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
-
-
-def plan_json(*args: str) -> dict[str, Any]:
-    res = CliRunner().invoke(main, ["plan", *args, "--json"])
-    assert res.exit_code == 0, res.output
-    doc: dict[str, Any] = json.loads(res.output)
-    return doc
+pytestmark = pytest.mark.usefixtures("offline")
 
 
 # --- shapes --------------------------------------------------------------------------------------

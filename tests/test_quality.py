@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bench_fixtures import PROMPTS, load_ladder, write_ladder
+from bench_fixtures import PROMPTS, load_ladder
 from lossless import generate, shaped_costs
 
 from pyramid_gguf import Pyramid
@@ -50,11 +50,6 @@ def test_score_rows_by_hand() -> None:
     pooled.add(q)
     pooled.add(TokenQuality(1, 0.5, 1))
     assert (pooled.tokens, pooled.argmax, pooled.nll) == (4, 2, pytest.approx(q.nll + 0.5))
-
-
-@pytest.fixture(scope="module")
-def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> LadderPaths:
-    return write_ladder(tmp_path_factory.mktemp("quality-ladder"))
 
 
 def test_teacher_forced_scores_do_not_depend_on_the_batch(

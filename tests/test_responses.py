@@ -18,8 +18,8 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from test_server import live_server
-from test_tools import QWEN_TEMPLATE, TINY_TOOLS
+from serving_support import live_server
+from tool_support import QWEN_TEMPLATE, TINY_TOOLS
 
 from pyramid_gguf import Pyramid
 from pyramid_gguf.serving.settings import ServerSettings

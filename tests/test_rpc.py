@@ -24,9 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TINY_LOAD
-from lossless import generate
-from test_acceptance import chi_square_pvalue
-from test_lossless import HOT, PROMPT, joint, pairs
+from lossless import HOT, PROMPT, chi_square_pvalue, generate, joint, pairs
 
 from pyramid_gguf import Pyramid
 from pyramid_gguf.core.endpoints import PROTO_MAJOR, PROTO_MINOR, Endpoint, parse_endpoints, probe

@@ -6,16 +6,26 @@ with their reason; ``n_probs`` on ``/completion`` reports llama-server's
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 import pytest
+from click.testing import CliRunner
 from conftest import TINY_LOAD
-from test_server import Live, live_server
+from serving_support import Live, live_server
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
+from pyramid_gguf.cli.options import sampling_config_from, sampling_options
+from pyramid_gguf.core.sampling import SAMPLER_FIELDS, SamplerField
+from pyramid_gguf.serving.anthropic import MessagesRequest
+from pyramid_gguf.serving.errors import ApiError
+from pyramid_gguf.serving.llama_server import NativeCompletionRequest, _params
+from pyramid_gguf.serving.ollama import sampling_of
+from pyramid_gguf.serving.responses import ResponsesRequest
+from pyramid_gguf.serving.schemas import ChatCompletionRequest
 from pyramid_gguf.serving.settings import ServerSettings
 
 
@@ -111,14 +121,15 @@ def test_the_other_samplers_are_taken_and_reported(live: Live) -> None:
     ("field", "value", "says"),
     [
         ("typical_p", 0, "typical"),
-        ("xtc_probability", 2, "xtc-probability"),
-        ("repeat_penalty", 0, "repeat-penalty"),
+        ("xtc_probability", 2, "xtc_probability must be in [0, 1]"),
+        ("repeat_penalty", 0, "repeat_penalty must be > 0"),
         ("samplers", "top_k;bogus", "bogus"),
         ("logit_bias", {"": 1}, "empty text"),
         ("logit_bias", [[1, "x"]], "logit_bias"),
         ("logit_bias", {"99999999": 1}, "not in the vocabulary"),
         ("mirostat", 2, "per accepted token"),
-        ("dry_allowed_length", -1, "dry-allowed-length"),
+        ("dry_allowed_length", -1, "dry_allowed_length must be >= 0"),
+        ("top_k", "many", "top_k must be a number"),
     ],
 )
 def test_bad_sampler_fields_are_400s(live: Live, field: str, value: Any, says: str) -> None:
@@ -149,3 +160,79 @@ def test_n_probs_reports_completion_probabilities(live: Live) -> None:
         chunks = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
     streamed = [p for c in chunks for p in json.loads(c).get("completion_probabilities", [])]
     assert [p["id"] for p in streamed] == out["tokens"]
+
+
+# --- the one table drives the CLI and every dialect's schema -----------------------------------
+
+BASE = SamplingConfig()
+USER = [{"role": "user", "content": "a"}]
+
+
+def _changed(field: SamplerField) -> float:
+    """A valid value of ``field`` other than its default."""
+    default = getattr(BASE, field.name)
+    for value in (2, 3, 1, 0, 0.5, 0.25, -1):
+        if value != default and field.problem(value) is None:
+            BASE.with_(**{field.name: value})  # the config takes it too
+            return value
+    raise AssertionError(f"no valid value for {field.name}")
+
+
+def _responses(body: dict[str, Any]) -> SamplingConfig:
+    request = ResponsesRequest.model_validate({"input": "a", **body})
+    return request.sampling(request.extensions().sampling(BASE))
+
+
+def _readers(field: SamplerField) -> dict[str, Callable[[Any], SamplingConfig]]:
+    """Each dialect's reading of a value of ``field`` into its request's sampling."""
+    out: dict[str, Callable[[Any], SamplingConfig]] = {
+        "openai": lambda v: ChatCompletionRequest.model_validate(
+            {"messages": USER, field.name: v}
+        ).sampling(BASE),
+        "llama-server": lambda v: NativeCompletionRequest.model_validate(
+            {"prompt": "a", field.name: v}
+        ).sampling(BASE),
+        "responses": lambda v: _responses({field.name: v}),
+    }
+    if field.ollama is not None:
+        out["ollama"] = lambda v: sampling_of({field.ollama: v}, BASE, 512)
+    if field.anthropic is not None:
+        out["anthropic"] = lambda v: MessagesRequest.model_validate(
+            {"model": "m", "messages": USER, field.anthropic: v}
+        ).sampling(BASE)
+    return out
+
+
+@pytest.mark.parametrize("field", SAMPLER_FIELDS, ids=lambda f: f.name)
+def test_every_table_field_reaches_sampling_through_the_cli_and_each_dialect(
+    field: SamplerField,
+) -> None:
+    value = _changed(field)
+
+    @click.command()
+    @sampling_options
+    def cli(**params: Any) -> None:
+        click.echo(repr(getattr(sampling_config_from(params), field.name)))
+
+    ran = CliRunner().invoke(cli, [field.flag, str(value)])
+    assert ran.exit_code == 0, ran.output
+    assert float(ran.output) == value
+    for flag in field.aliases:
+        assert float(CliRunner().invoke(cli, [flag, str(value)]).output) == value
+    for dialect, read in _readers(field).items():
+        assert getattr(read(value), field.name) == value, dialect
+    assert _params(BASE.with_(**{field.name: value}))[field.name] == value  # /props echoes it
+
+
+@pytest.mark.parametrize("field", SAMPLER_FIELDS, ids=lambda f: f.name)
+def test_a_bad_table_value_is_a_400_naming_the_field_in_each_dialect(field: SamplerField) -> None:
+    for dialect, read in _readers(field).items():
+        with pytest.raises(ApiError) as e:
+            read("lots")
+        name = {"ollama": f"option {field.ollama}", "anthropic": field.anthropic}.get(dialect)
+        assert e.value.status == 400, dialect
+        assert f"{name or field.name} must be a number" in e.value.message, dialect
+    bad = CliRunner().invoke(
+        click.command()(sampling_options(lambda **p: None)), [field.flag, "lots"]
+    )
+    assert bad.exit_code != 0 and field.flag in bad.output

@@ -7,35 +7,36 @@ the slow requests of the cancellation and queue tests are cut short by the test 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from openai.types.chat import ChatCompletionMessageParam
-from synth import CHATML_TEMPLATE, write_tiny_llama
+from serving_support import (
+    LOAD,
+    Live,
+    Models,
+    free_port,
+    live_server,
+    slow_generation,
+    wait_idle,
+    write_models,
+)
 
 from pyramid_gguf.api import Pyramid
 from pyramid_gguf.cli.main import main
-from pyramid_gguf.core.load import LoadConfig
 from pyramid_gguf.core.spec import SpecConfig
-from pyramid_gguf.serving.app import create_app
 from pyramid_gguf.serving.settings import ServerSettings, resolve_chat_format
 
 API_KEY = "sk-test"
-LOAD = LoadConfig(n_ctx=1024, n_batch=256, n_threads=1, n_threads_batch=1)
 PROMPTS = [
     "the cat",
     "def fib",
@@ -48,60 +49,9 @@ PROMPTS = [
 ]
 
 
-@dataclass
-class Models:
-    target: Path
-    qualifier: Path
-    draft: Path
-
-
-@dataclass
-class Live:
-    """A running server: its base URL and app state."""
-
-    url: str
-    pyramid: Pyramid
-
-    @property
-    def v1(self) -> str:
-        return f"{self.url}/v1"
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
-    d = tmp_path_factory.mktemp("server-models")
-    return Models(
-        target=write_tiny_llama(d / "target.gguf", seed=10, chat_template=CHATML_TEMPLATE),
-        qualifier=write_tiny_llama(d / "qualifier.gguf", seed=11, base_seed=10, noise=0.2),
-        draft=write_tiny_llama(d / "draft.gguf", seed=12, base_seed=10, noise=0.3),
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def live_server(pyramid: Pyramid, settings: ServerSettings) -> Iterator[Live]:
-    """Run ``create_app`` on uvicorn in a background thread until the block ends."""
-    port = _free_port()
-    config = uvicorn.Config(
-        create_app(pyramid, settings), host="127.0.0.1", port=port, log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield Live(f"http://127.0.0.1:{port}", pyramid)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    return write_models(tmp_path_factory.mktemp("server-models"))
 
 
 @pytest.fixture(scope="module")
@@ -140,17 +90,6 @@ def _complete(client: openai.OpenAI, prompt: str, **kw: Any) -> Any:
     return client.completions.create(
         model="tiny", prompt=prompt, max_tokens=kw.pop("max_tokens", 24), temperature=0, **kw
     )
-
-
-def _wait_idle(live: Live, timeout: float = 10.0) -> dict[str, Any]:
-    """/health once nothing is queued or running."""
-    deadline = time.monotonic() + timeout
-    while True:
-        health = httpx.get(f"{live.url}/health").json()
-        if health["in_flight"] == 0:
-            return dict(health)
-        assert time.monotonic() < deadline, f"engine still busy: {health}"
-        time.sleep(0.02)
 
 
 # --- the happy paths ---------------------------------------------------------------------------
@@ -290,19 +229,6 @@ def test_concurrent_clients_get_their_own_answers(client: openai.OpenAI, live: L
 # --- faults ------------------------------------------------------------------------------------
 
 
-def slow_down(pyramid: Pyramid, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make each streamed token of ``pyramid`` take at least 2 ms, so a 900-token request runs
-    for seconds however fast the machine decodes the tiny model."""
-    stream = pyramid.stream
-
-    def slow_stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        for step in stream(*args, **kwargs):
-            time.sleep(0.002)
-            yield step
-
-    monkeypatch.setattr(pyramid, "stream", slow_stream)
-
-
 def _slow_body(**extra: Any) -> dict[str, Any]:
     """A request that would run for seconds: the tests cut it short."""
     return {"prompt": "the cat", "max_tokens": 900, "ignore_eos": True, "stream": True} | extra
@@ -311,8 +237,8 @@ def _slow_body(**extra: Any) -> dict[str, Any]:
 def test_disconnect_cancels_the_generation(
     client: openai.OpenAI, live: Live, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slow_down(live.pyramid, monkeypatch)
-    before = _wait_idle(live)["cancelled"]
+    slow_generation(live.pyramid, monkeypatch, pause=0.002)
+    before = wait_idle(live.url)["cancelled"]
     with (
         httpx.Client(timeout=30) as http,
         http.stream("POST", f"{live.v1}/completions", headers=_auth(), json=_slow_body()) as r,
@@ -320,7 +246,7 @@ def test_disconnect_cancels_the_generation(
         assert r.status_code == 200
         lines = r.iter_lines()  # keep a reference: a dropped iterator closes the response
         assert next(lines).startswith("data: ")
-    after = _wait_idle(live)
+    after = wait_idle(live.url)
     assert after["cancelled"] == before + 1
     out = _complete(client, "print text")
     assert out.choices[0].text and out.usage is not None
@@ -330,8 +256,8 @@ def test_client_leaving_the_queue_is_skipped(
     client: openai.OpenAI, live: Live, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A queued (not yet running) request whose client gives up never runs."""
-    slow_down(live.pyramid, monkeypatch)
-    before = _wait_idle(live)["cancelled"]
+    slow_generation(live.pyramid, monkeypatch, pause=0.002)
+    before = wait_idle(live.url)["cancelled"]
     with (
         httpx.Client(timeout=30) as http,
         http.stream(
@@ -348,13 +274,13 @@ def test_client_leaving_the_queue_is_skipped(
                 json={"prompt": "x", "max_tokens": 4, "stream": False},
             )
         time.sleep(3 * 0.1)  # the server notices within a poll interval
-    after = _wait_idle(live)
+    after = wait_idle(live.url)
     assert after["cancelled"] == before + 2
     assert _complete(client, "the cat").choices[0].text
 
 
 def test_queue_overflow_answers_503(small: Live, monkeypatch: pytest.MonkeyPatch) -> None:
-    slow_down(small.pyramid, monkeypatch)
+    slow_generation(small.pyramid, monkeypatch, pause=0.002)
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", f"{small.v1}/completions", json=_slow_body()) as r:
             assert r.status_code == 200
@@ -364,7 +290,7 @@ def test_queue_overflow_answers_503(small: Live, monkeypatch: pytest.MonkeyPatch
         assert busy.status_code == 503
         assert busy.headers["Retry-After"] == "1"
         assert busy.json()["error"]["code"] == "queue_full"
-        _wait_idle(small)
+        wait_idle(small.url)
         ok = http.post(f"{small.v1}/completions", json={"prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
@@ -428,7 +354,7 @@ def test_cli_load_error_is_one_line(tmp_path: Path) -> None:
 
 
 def test_cli_serves(models: Models) -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",

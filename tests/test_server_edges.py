@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from test_server import LOAD, Live, _free_port, _wait_idle, slow_down
+from serving_support import LOAD, Live, free_port, slow_generation, wait_idle
 
 from pyramid_gguf.api import Pyramid
 from pyramid_gguf.serving.app import Server, create_app
@@ -27,7 +27,7 @@ from pyramid_gguf.serving.settings import ServerSettings
 @contextmanager
 def running(pyramid: Pyramid) -> Iterator[tuple[Live, Server]]:
     """The app on this project's :class:`Server` in a background thread."""
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(
         create_app(pyramid, ServerSettings()),
         host="127.0.0.1",
@@ -135,12 +135,12 @@ def test_timings_count_evaluated_and_cached_prompt_tokens(live: Live) -> None:
 def test_non_streamed_client_leaving_cancels_its_generation(
     live: Live, target: Pyramid, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slow_down(target, monkeypatch)
-    before = _wait_idle(live)["cancelled"]
+    slow_generation(target, monkeypatch, pause=0.002)
+    before = wait_idle(live.url)["cancelled"]
     body = {"prompt": "the cat", "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up while tokens keep coming
         httpx.post(f"{live.v1}/completions", json=body, timeout=0.5)
-    after = _wait_idle(live)
+    after = wait_idle(live.url)
     assert after["cancelled"] == before + 1 and after["in_flight"] == 0
 
 
@@ -158,7 +158,7 @@ def test_shutdown_cancels_requests_in_flight_with_openai_errors(
             server,
         ),
     ):
-        slow_down(pyramid, monkeypatch)
+        slow_generation(pyramid, monkeypatch, pause=0.002)
 
         def streamed() -> list[str]:
             with httpx.stream(

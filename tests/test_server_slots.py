@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from test_server import Live, Models, live_server, models  # noqa: F401 (a fixture)
+from serving_support import Live, Models, live_server, wait_until, write_models
 
 from pyramid_gguf.api import Pyramid
 from pyramid_gguf.cli.main import main
@@ -46,7 +46,12 @@ def _rss_mib() -> float:
 
 
 @pytest.fixture(scope="module")
-def busy(models: Models) -> Iterator[Live]:  # noqa: F811
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    return write_models(tmp_path_factory.mktemp("slot-models"))
+
+
+@pytest.fixture(scope="module")
+def busy(models: Models) -> Iterator[Live]:
     """Four slots of the three-tier ladder (psd-exact, strict identity), a queue of eight."""
     pyramid = Pyramid.from_paths(
         models.target,
@@ -69,11 +74,8 @@ def _health(live: Live) -> dict[str, Any]:
 
 
 def _wait_idle(live: Live) -> dict[str, Any]:
-    deadline = time.monotonic() + 30
-    while (h := _health(live))["in_flight"] or h["slots_processing"]:
-        assert time.monotonic() < deadline, h
-        time.sleep(0.02)
-    return h
+    """/health once no request is queued or running and no slot is busy."""
+    return wait_until(live.url, lambda h: not (h["in_flight"] or h["slots_processing"]), 30)
 
 
 def test_load_64_requests_16_clients_4_slots(busy: Live) -> None:
@@ -234,7 +236,7 @@ def test_bad_requests_among_good_ones_are_refused_alone(busy: Live) -> None:
         (["--parallel", "4", "--queue-size", "2"], "--queue-size (2) must be at least --parallel"),
     ],
 )
-def test_cli_refuses_bad_parallel_flags(models: Models, args: list[str], message: str) -> None:  # noqa: F811
+def test_cli_refuses_bad_parallel_flags(models: Models, args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["serve", "-m", str(models.target), *args])
     assert result.exit_code != 0
     assert message in result.output

@@ -27,9 +27,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import TINY_LOAD
-from lossless import TINY_TIE, assert_same_or_near_tie, kernel_atol, shaped_costs
-from test_acceptance import chi_square_pvalue
-from test_lossless import HOT, SEEDS, joint
+from lossless import (
+    HOT,
+    SEEDS,
+    TINY_TIE,
+    assert_same_or_near_tie,
+    chi_square_pvalue,
+    joint,
+    kernel_atol,
+    shaped_costs,
+)
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.api import QueueFull

@@ -32,11 +32,10 @@ import openai
 import pydantic
 import pytest
 from click.testing import CliRunner
-from conftest import TINY_LOAD
-from lossless import shaped_costs
-from test_acceptance import chi_square_pvalue
-from test_rough_edges import one_error_line
-from test_server import live_server
+from conftest import TINY_LOAD, one_error_line
+from lossless import chi_square_pvalue, shaped_costs
+from serving_support import live_server
+from tool_support import KEYED, bad_request
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.cli.main import main
@@ -67,23 +66,6 @@ WORDS = r"( (the|of|and|tree|model|data|value|key)){5,8}"
 LETTERS = r"[a-z ]{40,60}"
 LARK = 'start: "def " NAME "(" NAME ")"\nNAME: /[a-z]{1,6}/'
 LARK_RE = r"def [a-z]{1,6}\([a-z]{1,6}\)"
-#: A keyed schema the byte-fallback tokens can spell, bounded so that answers end.
-KEYED: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {
-            "type": "array",
-            "items": {"enum": ["red", "green", "blue"]},
-            "minItems": 1,
-            "maxItems": 3,
-        },
-        "ok": {"type": "boolean"},
-    },
-    "required": ["name", "age", "tags", "ok"],
-    "additionalProperties": False,
-}
 YES_NO = 'root ::= "yes" | "no"'
 SMALL: dict[str, Any] = {
     "type": "object",
@@ -562,16 +544,6 @@ def post(server: str, body: dict[str, Any], path: str = "chat/completions") -> h
     return httpx.post(
         f"{server}/{path}", json={"max_tokens": 4, "temperature": 0, **body}, timeout=60
     )
-
-
-def bad_request(r: httpx.Response, param: str | None, *fragments: str) -> None:
-    """A 400 in OpenAI's error shape, naming ``param`` and saying every fragment."""
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert error["type"] == "invalid_request_error" and error["param"] == param, error
-    assert all(f in error["message"] for f in fragments), error
-    assert "\n" not in error["message"]
 
 
 @pytest.mark.parametrize("path", ["chat/completions", "completions"])

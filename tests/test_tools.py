@@ -16,7 +16,6 @@ The 1.5B often writes a call as a fenced ```` ```json ```` object rather than in
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,20 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from openai.lib.streaming.chat import ChatCompletionStreamState
-from test_server import Live, live_server
-from test_structured import bad_request
+from serving_support import Live, live_server
+from tool_support import (
+    CALL_ID,
+    QWEN_TEMPLATE,
+    TINY_MESSAGES,
+    TINY_TOOLS,
+    TOOLS,
+    accumulate,
+    bad_request,
+    checked_calls,
+    function,
+    named,
+    same_calls,
+)
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.core.errors import UserError
@@ -37,107 +47,7 @@ from pyramid_gguf.serving.openai import create_chat_completion
 from pyramid_gguf.serving.schemas import ChatCompletionRequest
 from pyramid_gguf.serving.settings import ServerSettings
 
-QWEN_TEMPLATE = (
-    Path(__file__).parent / "data" / "templates" / "qwen2.5-instruct.jinja"
-).read_text()
-CALL_ID = re.compile(r"call_[A-Za-z0-9]{24}")
-
-
-def function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI tool whose parameters are all required."""
-    parameters = {"type": "object", "properties": properties, "required": list(properties)}
-    return {
-        "type": "function",
-        "function": {"name": name, "description": description, "parameters": parameters},
-    }
-
-
-WEATHER = function(
-    "get_weather",
-    "Current weather in a city",
-    {
-        "city": {"type": "string", "description": "City name"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-)
-TIME = function(
-    "get_time",
-    "Current local time in a timezone",
-    {"timezone": {"type": "string", "description": "IANA timezone, e.g. Europe/Oslo"}},
-)
-CONVERT = function(
-    "convert_length",
-    "Convert a length between units",
-    {
-        "value": {"type": "number"},
-        "from_unit": {"type": "string", "enum": ["m", "km", "mi", "ft"]},
-        "to_unit": {"type": "string", "enum": ["m", "km", "mi", "ft"]},
-    },
-)
-TOOLS = [WEATHER, TIME, CONVERT]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
-
-def named(name: str) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name}}
-
-
-def checked_calls(message: Any, tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """The message's calls as (name, arguments), each checked to have OpenAI's shape and
-    arguments valid under its tool's schema."""
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    out = []
-    for call in message.tool_calls or []:
-        assert call.type == "function" and CALL_ID.fullmatch(call.id), call
-        assert call.function.name in schemas, call
-        arguments = json.loads(call.function.arguments)
-        jsonschema.validate(arguments, schemas[call.function.name])
-        out.append((call.function.name, arguments))
-    return out
-
-
-def accumulate(chunks: list[Any]) -> tuple[str | None, list[tuple[str, str, str]], str | None]:
-    """Content, calls (id, name, arguments) and finish reason of a stream, put together as a
-    client does: a call's id and name come once, its arguments in fragments."""
-    content: str | None = None
-    calls: dict[int, list[str]] = {}
-    finish = None
-    for chunk in chunks:
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        delta = choice.delta
-        if delta.content:
-            content = (content or "") + delta.content
-        for part in delta.tool_calls or []:
-            if part.index not in calls:
-                assert part.id and part.function.name and part.type == "function", part
-                assert part.index == len(calls), part  # calls arrive in order
-                calls[part.index] = [part.id, part.function.name, part.function.arguments or ""]
-            else:
-                assert part.id is None and not part.function.name, part  # sent once
-                calls[part.index][2] += part.function.arguments or ""
-        finish = choice.finish_reason or finish
-    return content, [(i, n, a) for i, n, a in calls.values()], finish
-
-
-def same_calls(whole: Any, chunks: list[Any], tools: list[dict[str, Any]]) -> None:
-    """The stream rebuilds exactly the non-streamed answer (call ids apart from their random
-    values), by our accumulation and by the openai client's own."""
-    message = whole.choices[0].message
-    content, calls, finish = accumulate(chunks)
-    assert finish == whole.choices[0].finish_reason
-    assert (content or None) == (message.content or None)
-    want = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-    assert [(n, a) for _, n, a in calls] == want
-    assert all(CALL_ID.fullmatch(i) for i, _, _ in calls)
-    state = ChatCompletionStreamState()
-    for chunk in chunks:
-        state.handle_chunk(chunk)
-    rebuilt = state.get_final_completion().choices[0].message
-    assert [(c.function.name, c.function.arguments) for c in rebuilt.tool_calls or []] == want
-    assert [c.id for c in rebuilt.tool_calls or []] == [i for i, _, _ in calls]
-    checked_calls(rebuilt, tools)
 
 
 # --- the real model ---------------------------------------------------------------------------
@@ -376,17 +286,6 @@ def test_create_chat_completion_returns_tool_calls(qwen: Live) -> None:
 
 
 # --- the tiny ladder behind the Qwen2.5 template ----------------------------------------------
-
-#: Tools whose strings are bounded, so that the tiny model's constrained calls end.
-TINY_TOOLS = [
-    function(
-        "get_weather",
-        "Weather",
-        {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-    ),
-    function("get_time", "Time", {"tz": {"type": "string", "maxLength": 6}}),
-]
-TINY_MESSAGES = [{"role": "user", "content": "the model"}]
 
 
 @pytest.fixture(scope="module")

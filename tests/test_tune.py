@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from bench_fixtures import PROMPTS, load_ladder, write_ladder
+from bench_fixtures import PROMPTS, load_ladder
 from click.testing import CliRunner
 
 from pyramid_gguf.bench.results import RowResult
@@ -19,16 +19,7 @@ from pyramid_gguf.core.spec import SpecConfig
 from pyramid_gguf.models.resolve import resolve_ladder
 from pyramid_gguf.models.tuned import ladder_key, load_tuned, save_tuned, tuned_path
 
-
-@pytest.fixture(scope="module")
-def ladder_paths(tmp_path_factory: pytest.TempPathFactory) -> LadderPaths:
-    return write_ladder(tmp_path_factory.mktemp("tune-ladder"))
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")
 
 
 @pytest.mark.parametrize("drop", [0.0, 0.5])

@@ -134,7 +134,7 @@ def run_bench(
                 if progress:
                     progress(1)
     if quality:
-        target = pyramid.ladder.target
+        target = pyramid.tier("target")
         by_prompt: dict[str, list[Sample]] = {}
         for s in [*(s for s in samples if s.repeat == 0), *he_samples]:
             by_prompt.setdefault(s.prompt, []).append(s)

@@ -74,8 +74,8 @@ def record_traces(
     sampling = sampling or SamplingConfig()
     chat = pyramid.chat_template is not None if chat is None else chat
     greedy = SamplingConfig(temperature=0, max_tokens=max_tokens)
-    target = pyramid.ladder.target
-    lower = [m for m in pyramid.ladder.models if m is not target]
+    target = pyramid.tier("target")
+    lower = [pyramid.tier(t.name) for t in pyramid.tiers() if t.name != "target"]
     traces = []
     for q in prompts:
         prompt = encode_prompt(pyramid, q, chat)
@@ -90,8 +90,8 @@ def record_traces(
         if say is not None:
             kept = ", ".join(f"{n} {t.agreement(answer):.2f}" for n, t in tiers.items())
             say(f"{q.key}: {len(answer)} tokens; argmax agreement with the target: {kept}")
-    files = {m.name: m.model.path.name for m in pyramid.ladder.models}
-    threads = pyramid.ladder.target.model.cfg.n_threads
+    files = {t.name: t.path.name for t in pyramid.tiers()}
+    threads = pyramid.tiers()[-1].n_threads
     machine = f"{cpu_name()}, {threads} threads, {build_id().split(';')[0]}"
     costs = {name: curve.seconds for name, curve in pyramid.costs().items()}
     return TraceSet(

@@ -27,25 +27,25 @@ from ..planning.sources import save_measured
 from .ladders import load_pyramid, resolve_ladder
 from .options import LadderArgs, command, ladder_options
 
-SHOWN = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+SHOWN = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 def _device_profile(pyramid: Pyramid, cals: dict[str, Calibration]) -> str:
     """Fit and save this machine's profile from the tiers' curves; the line saying so."""
     from ..native import build_id, devices, supports_gpu_offload
 
-    tiers = pyramid.ladder.models
-    on_gpu = supports_gpu_offload() and all(t.model.cfg.n_gpu_layers < 0 for t in tiers)
+    tiers = pyramid.tiers()
+    on_gpu = supports_gpu_offload() and all(t.n_gpu_layers < 0 for t in tiers)
     kind = "gpu" if on_gpu else "cpu"
     names = [name for gpu, name, _ in devices() if gpu == on_gpu]
     device = names[0] if names else platform.machine()
-    samples = [(Shape.of(model_memory(t.model.path)), cals[t.name].curve) for t in tiers]
+    samples = [(Shape.of(model_memory(t.path)), cals[t.name].curve) for t in tiers]
     if len({s.weight_bytes for s, _ in samples}) < 2:
         raise UserError("--device-profile needs a ladder of two or more model sizes")
-    threads = tiers[0].model.cfg.n_threads
+    threads = tiers[0].n_threads
     source = (
         f"measured by pyramid-gguf calibrate --device-profile on {device} ({threads} threads), "
-        f"{build_id()}, {date.today()}, from {', '.join(t.model.path.name for t in tiers)}"
+        f"{build_id()}, {date.today()}, from {', '.join(t.path.name for t in tiers)}"
     )
     name = f"yours-{kind}"
     _, path, errors = save_measured(kind, name, source, samples)
@@ -62,7 +62,13 @@ def _device_profile(pyramid: Pyramid, cals: dict[str, Calibration]) -> str:
     "the curves and save it for plan.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the curves as JSON.")
-def calibrate(device_profile: bool, as_json: bool, **params: Any) -> None:
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Also print every measured size: the median of its repeats and their spread.",
+)
+def calibrate(device_profile: bool, as_json: bool, verbose: bool, **params: Any) -> None:
     """Measure batch costs of each tier on this machine (cached for `auto`).
 
     Prints milliseconds per evaluation of n tokens and, per chain, the share of proposals the
@@ -74,14 +80,14 @@ def calibrate(device_profile: bool, as_json: bool, **params: Any) -> None:
         cals = pyramid.calibrate(refresh=True, say=lambda m: click.echo(m, err=True))
         costs = pyramid.costs()
         chains = ladder_chains(pyramid.ladder.shape, SpecConfig())
-        weights = {t.name: t.loaded for t in pyramid.ladder.models}
+        weights = {t.name: t for t in pyramid.tiers()}
         saved = _device_profile(pyramid, cals) if device_profile else None
     evens = {c.name: break_even(c, costs) for c in chains if not c.plain}
     if as_json:
         doc = {
             "ladder": resolved.name,
             "tiers": {name: cal.to_dict() for name, cal in cals.items()},
-            "weights": {name: m.weight_buffers for name, m in weights.items()},
+            "weights": {name: t.weight_buffers for name, t in weights.items()},
             "break_even_keep_rate": evens,
         }
         click.echo(json.dumps(doc, indent=2))
@@ -94,7 +100,15 @@ def calibrate(device_profile: bool, as_json: bool, **params: Any) -> None:
         c = cal.curve
         click.echo(f"{name:<10}" + "".join(f"{c(n) * 1000:>8.1f}" for n in SHOWN))
         click.echo(f"{'':<10}" + "".join(f"{c(n) / c.one:>8.2f}" for n in SHOWN))
-        click.echo(f"{'':<10}weights: {weights[name].describe_weights()}")
+        click.echo(f"{'':<10}weights: {weights[name].weights}")
+        if verbose:
+            for t in cal.timed:
+                click.echo(
+                    f"{'':<10}n={t.n:<3} {t.median * 1000:8.2f} ms measured "
+                    f"({t.low * 1000:.2f}-{t.high * 1000:.2f}), priced {c(t.n) * 1000:.2f} ms"
+                )
+        if cal.loaded:
+            click.echo(f"{'':<10}measured on a busy machine: not cached, measured again next time")
         if cal.identity_batch is not None:
             click.echo(f"{'':<10}batches up to {cal.identity_batch} are bit-identical here")
     for chain, a in evens.items():

@@ -21,7 +21,7 @@ from ..core.grammar import Grammar
 from ..core.ladder import TIERS, LadderPaths
 from ..core.load import KV_TYPES, LoadConfig, default_threads
 from ..core.remote import RpcConfig
-from ..core.sampling import SamplingConfig, parse_samplers
+from ..core.sampling import SAMPLER_FIELDS, SamplerField, SamplingConfig, parse_samplers
 from ..core.spec import SPEC_KNOBS, SpecConfig
 from ..grammar import check_grammar
 from ..serving.settings import resolve_chat_format
@@ -163,6 +163,7 @@ def ladder_options(f: F) -> F:
                 show_default=True,
                 help="Layers to offload per model (-1: all).",
             ),
+            *moe_options,
             click.option(
                 "--threads",
                 "-t",
@@ -199,6 +200,29 @@ def ladder_options(f: F) -> F:
     )
 
 
+#: llama.cpp's ``--n-cpu-moe`` / ``--cpu-moe``: a mixture of experts' routed experts in CPU
+#: memory, the rest where ``--n-gpu-layers`` puts it (``LoadConfig.n_cpu_moe``).
+moe_options = [
+    click.option(
+        "--n-cpu-moe",
+        "-ncmoe",
+        "n_cpu_moe",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Keep the routed experts of the first N layers in CPU memory (llama.cpp's "
+        "--n-cpu-moe); attention and shared weights go where --n-gpu-layers puts them.",
+    ),
+    click.option(
+        "--cpu-moe",
+        "-cmoe",
+        "cpu_moe",
+        is_flag=True,
+        help="Keep the routed experts of every layer in CPU memory (llama.cpp's --cpu-moe).",
+    ),
+]
+
+
 #: llama.cpp's ``--rpc`` and where the tiers go on it (``core/remote.py``).
 rpc_options = [
     click.option(
@@ -224,6 +248,15 @@ rpc_options = [
 ]
 
 
+def _sampler_option(field: SamplerField) -> Callable[[F], F]:
+    """The flag of one sampler field of :data:`~pyramid_gguf.core.sampling.SAMPLER_FIELDS`."""
+    default = getattr(SAMPLING, field.name)
+    return click.option(
+        field.flag, *field.aliases, field.name,
+        type=field.type, default=default, show_default=True, help=field.help,
+    )  # fmt: skip
+
+
 def sampling_options(f: F) -> F:
     """Sampling warp, seed and stop conditions."""
     return _apply(
@@ -236,126 +269,7 @@ def sampling_options(f: F) -> F:
                 show_default=True,
                 help="Tokens to generate at most.",
             ),
-            click.option(
-                "--temperature",
-                "--temp",
-                "temperature",
-                type=float,
-                default=SAMPLING.temperature,
-                show_default=True,
-                help="0 is greedy.",
-            ),
-            click.option(
-                "--top-k", type=int, default=SAMPLING.top_k, show_default=True, help="0 disables."
-            ),
-            click.option(
-                "--top-p", type=float, default=SAMPLING.top_p, show_default=True, help="1 disables."
-            ),
-            click.option(
-                "--min-p", type=float, default=SAMPLING.min_p, show_default=True, help="0 disables."
-            ),
-            click.option(
-                "--typical",
-                "typical_p",
-                type=float,
-                default=SAMPLING.typical_p,
-                show_default=True,
-                help="Locally typical sampling; 1 disables.",
-            ),
-            click.option(
-                "--top-nsigma",
-                "top_n_sigma",
-                type=float,
-                default=SAMPLING.top_n_sigma,
-                show_default=True,
-                help="Keep logits within N standard deviations of the top; <= 0 disables.",
-            ),
-            click.option(
-                "--xtc-probability",
-                type=float,
-                default=SAMPLING.xtc_probability,
-                show_default=True,
-                help="XTC: chance of removing the top choices; 0 disables.",
-            ),
-            click.option(
-                "--xtc-threshold",
-                type=float,
-                default=SAMPLING.xtc_threshold,
-                show_default=True,
-                help="XTC: choices above this probability may be removed; > 0.5 disables.",
-            ),
-            click.option(
-                "--dynatemp-range",
-                type=float,
-                default=SAMPLING.dynatemp_range,
-                show_default=True,
-                help="Dynamic temperature in [temp - range, temp + range]; 0 disables.",
-            ),
-            click.option(
-                "--dynatemp-exp",
-                "dynatemp_exponent",
-                type=float,
-                default=SAMPLING.dynatemp_exponent,
-                show_default=True,
-                help="Dynamic temperature exponent.",
-            ),
-            click.option(
-                "--repeat-penalty",
-                type=float,
-                default=SAMPLING.repeat_penalty,
-                show_default=True,
-                help="Penalise repeated tokens; 1 disables.",
-            ),
-            click.option(
-                "--repeat-last-n",
-                type=int,
-                default=SAMPLING.repeat_last_n,
-                show_default=True,
-                help="Tokens the penalties read (prompt included); -1: all, 0 disables.",
-            ),
-            click.option(
-                "--presence-penalty",
-                type=float,
-                default=SAMPLING.presence_penalty,
-                show_default=True,
-                help="0 disables.",
-            ),
-            click.option(
-                "--frequency-penalty",
-                type=float,
-                default=SAMPLING.frequency_penalty,
-                show_default=True,
-                help="0 disables.",
-            ),
-            click.option(
-                "--dry-multiplier",
-                type=float,
-                default=SAMPLING.dry_multiplier,
-                show_default=True,
-                help="DRY: lower tokens that extend a repetition by multiplier * base ** "
-                "(length - allowed length); 0 disables.",
-            ),
-            click.option(
-                "--dry-base",
-                type=float,
-                default=SAMPLING.dry_base,
-                show_default=True,
-                help="DRY's base (>= 1).",
-            ),
-            click.option(
-                "--dry-allowed-length",
-                type=int,
-                default=SAMPLING.dry_allowed_length,
-                show_default=True,
-                help="Repetitions DRY leaves alone, in tokens.",
-            ),
-            click.option(
-                "--dry-penalty-last-n",
-                type=int,
-                default=SAMPLING.dry_penalty_last_n,
-                show_default=True,
-                help="Tokens DRY reads (prompt included); -1: all, 0 disables.",
-            ),
+            *(_sampler_option(field) for field in SAMPLER_FIELDS),
             click.option(
                 "--dry-sequence-breaker",
                 "dry_sequence_breakers",
@@ -528,30 +442,15 @@ def load_config_from(params: dict[str, Any]) -> LoadConfig:
         type_v=params["type_v"],
         strict_identity=bool(params.get("strict_identity")),
         parallel=params.get("parallel") or 1,
+        n_cpu_moe=params.get("n_cpu_moe") or 0,
+        cpu_moe=bool(params.get("cpu_moe")),
     )
 
 
 def sampling_config_from(params: dict[str, Any]) -> SamplingConfig:
     """A :class:`SamplingConfig` from the flags of :func:`sampling_options`."""
     return SamplingConfig(
-        temperature=params["temperature"],
-        top_k=params["top_k"],
-        top_p=params["top_p"],
-        min_p=params["min_p"],
-        typical_p=params.get("typical_p", SAMPLING.typical_p),
-        top_n_sigma=params.get("top_n_sigma", SAMPLING.top_n_sigma),
-        xtc_probability=params.get("xtc_probability", SAMPLING.xtc_probability),
-        xtc_threshold=params.get("xtc_threshold", SAMPLING.xtc_threshold),
-        dynatemp_range=params.get("dynatemp_range", SAMPLING.dynatemp_range),
-        dynatemp_exponent=params.get("dynatemp_exponent", SAMPLING.dynatemp_exponent),
-        repeat_penalty=params.get("repeat_penalty", SAMPLING.repeat_penalty),
-        repeat_last_n=params.get("repeat_last_n", SAMPLING.repeat_last_n),
-        presence_penalty=params.get("presence_penalty", SAMPLING.presence_penalty),
-        frequency_penalty=params.get("frequency_penalty", SAMPLING.frequency_penalty),
-        dry_multiplier=params.get("dry_multiplier", SAMPLING.dry_multiplier),
-        dry_base=params.get("dry_base", SAMPLING.dry_base),
-        dry_allowed_length=params.get("dry_allowed_length", SAMPLING.dry_allowed_length),
-        dry_penalty_last_n=params.get("dry_penalty_last_n", SAMPLING.dry_penalty_last_n),
+        **{f.name: params.get(f.name, getattr(SAMPLING, f.name)) for f in SAMPLER_FIELDS},
         dry_sequence_breakers=_dry_breakers(params.get("dry_sequence_breakers", ())),
         logit_bias=tuple(_logit_bias(v) for v in params.get("logit_bias", ())),
         samplers=parse_samplers(params["samplers"])

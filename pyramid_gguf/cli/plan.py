@@ -41,6 +41,7 @@ from .options import (
     cache_type_v_option,
     command,
     ctx_size_option,
+    moe_options,
     ram_option,
 )
 
@@ -87,6 +88,12 @@ def format_plan(p: Plan, ram: RamBudget | None = None) -> str:
         f"n_gpu_layers: {flags}  (layers = llama.cpp's n_gpu_layers / n_layer+1; the output "
         "layer is offloaded first, token_embd stays on the CPU)"
     )
+    moe = " ".join(f"{t.tier}={t.n_cpu_moe}" for t in p.tiers if t.n_cpu_moe)
+    if moe:
+        lines.append(
+            f"n_cpu_moe: {moe}  (llama.cpp's --n-cpu-moe: the routed experts of the first N "
+            "blocks in system RAM, counted in CPU weights)"
+        )
     no_offload = [t.tier for t in p.tiers if not t.op_offload]
     if no_offload:
         lines.append(
@@ -99,15 +106,17 @@ def format_plan(p: Plan, ram: RamBudget | None = None) -> str:
 def format_ranking(r: Ranking) -> str:
     """The ranking table: per placement, each tier's GPU layers and VRAM, plain decoding's and
     ``auto``'s predicted speed, and the chain ``auto`` ran most."""
+    w = max(20, *(len(p.placement.name) for p in r.predictions))
     head = (
-        f"{'placement':<20} {'draft':>13} {'qualifier':>13} {'target':>13} {'RAM GiB':>7} "
+        f"{'placement':<{w}} {'draft':>13} {'qualifier':>13} {'target':>13} {'RAM GiB':>7} "
         f"{'plain tok/s':>11} {'llama.cpp -md':>13} {'auto tok/s':>10} {'vs best plain':>13}"
         "  auto ran"
     )
     lines = [
         "predicted (greedy), per placement; tiers: GPU layers, VRAM MiB; llama.cpp -md: "
         "llama-server's draft-model speculation here (tok/s, d or q: the draft or the qualifier "
-        "as its draft / its best --spec-draft-n-max)",
+        "as its draft / its best --spec-draft-n-max); eN: the experts of the first N blocks in "
+        "system RAM (--n-cpu-moe N)",
         head,
         "-" * len(head),
     ]
@@ -116,7 +125,8 @@ def format_ranking(r: Ranking) -> str:
         for tier in ("draft", "qualifier", "target"):
             if tier in p.placement.tiers:
                 t = p.placement.plan.tier(tier)
-                cells.append(f"{t.n_gpu_layers}/{t.n_layer + 1} {t.gpu_bytes / MiB:.0f}")
+                moe = f" e{t.n_cpu_moe}" if t.n_cpu_moe else ""
+                cells.append(f"{t.n_gpu_layers}/{t.n_layer + 1}{moe} {t.gpu_bytes / MiB:.0f}")
             else:
                 cells.append("-")
         peer = "-"
@@ -124,13 +134,13 @@ def format_ranking(r: Ranking) -> str:
             peer = f"{p.peer.tps:.1f} {p.peer.draft[0]}/{p.peer.draft_max}"
         ram = p.placement.plan.host_bytes / GiB
         lines.append(
-            f"{p.placement.name:<20} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13} {ram:>7.1f} "
+            f"{p.placement.name:<{w}} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13} {ram:>7.1f} "
             f"{p.plain_tps:>11.1f} {peer:>13} {p.tps:>10.1f} {p.speedup:>12.2f}x  "
             f"{p.main_chain}"
         )
     for u in r.unfit:
         lines.append(
-            f"{u.placement.name:<20} does not fit the RAM: needs {u.host_bytes / GiB:.1f} GiB, "
+            f"{u.placement.name:<{w}} does not fit the RAM: needs {u.host_bytes / GiB:.1f} GiB, "
             f"{u.over_bytes / GiB:.1f} over; re-reading that from an SSD "
             f"({SSD_BYTES_PER_S / 1e9:.0f} GB/s) every token: {u.ssd_tps:.2f} tok/s at best "
             f"(plain, {u.plain_tps:.1f} if it fit)"
@@ -240,6 +250,17 @@ def _profile_option(kind: str, hint: str) -> Callable[[F], F]:
 @click.option("--rpc-tiers", metavar="TIERS", default=None, help="Tiers there [default: target].")
 @click.option("--rpc-output/--no-rpc-output", "rpc_output", default=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@moe_options[0]
+@moe_options[1]
+@click.option(
+    "--routes",
+    "routes_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="A mixture-of-experts target's router choices recorded on real text (.npy, int "
+    "[n_tokens, n_layer, K]): the experts a block reads are measured on them "
+    "[default: random routing].",
+)
 def plan(
     draft: str | None,
     qualifier: str | None,
@@ -263,6 +284,9 @@ def plan(
     rpc_tiers: str | None,
     rpc_output: bool,
     as_json: bool,
+    n_cpu_moe: int,
+    cpu_moe: bool,
+    routes_path: Path | None,
 ) -> None:
     """Plan GPU offload for a ladder within a VRAM budget, before or after download.
 
@@ -290,7 +314,14 @@ def plan(
         raise UserError("give either --preset or model paths (--target/--qualifier/--draft)")
     if target is None and (qualifier or draft):
         raise UserError("--target is required when --draft or --qualifier is given")
-    load = LoadConfig(n_ctx=n_ctx, n_batch=n_batch, type_k=type_k, type_v=type_v)  # type: ignore[arg-type]
+    load = LoadConfig(
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        type_k=type_k,  # type: ignore[arg-type]
+        type_v=type_v,  # type: ignore[arg-type]
+        n_cpu_moe=n_cpu_moe,
+        cpu_moe=cpu_moe,
+    )
     budget = resolve_budget(vram) if not rpc else 0
     quant: KvQuant = "auto" if kv_quant == "auto" else "off"
     margin_bytes = None if margin is None else parse_size(margin)
@@ -324,6 +355,7 @@ def plan(
         kv_quant=quant,
         margin=margin_bytes,
         ram=ram,
+        routes=routes_path,
     )
     if paths is not None:
         ranking = plan_ladder(paths, budget, load, inputs=inputs)

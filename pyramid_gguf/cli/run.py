@@ -152,7 +152,7 @@ def run(
         else:
             tokens = pyramid.tokenize(text)
         result = _generate(pyramid, tokens, sampling, spec, stream_text=not as_json)
-        weights = {t.name: t.loaded.describe_weights() for t in pyramid.ladder.models}
+        weights = {t.name: t.weights for t in pyramid.tiers()}
         _report(result, pyramid.name, as_json=as_json, verbose=verbose, weights=weights)
         if result.finish_reason == "interrupted":
             raise KeyboardInterrupt  # after the partial answer: exit 130, as on any Ctrl-C
@@ -177,8 +177,7 @@ def chat_session(
     """
     if template is None and pyramid.chat_template is None:
         click.echo(
-            f"{pyramid.ladder.target.model.path.name} has no chat template: using the built-in "
-            "ChatML",
+            f"{pyramid.model_path.name} has no chat template: using the built-in ChatML",
             err=True,
         )
     with contextlib.suppress(ImportError):  # not on every platform

@@ -40,11 +40,36 @@ class NGram:
 NGRAM: Final = NGram()
 
 
-def draft_source(value: str | Path | NGram | None) -> Path | NGram | None:
-    """A draft given by a user: ``"ngram"`` is the n-gram drafter, anything else a path."""
-    if value is None or isinstance(value, NGram):
+class Mtp:
+    """The target's own MTP (NextN) head in the draft tier's place: no file of its own, a
+    model tier named ``draft`` once loaded (native/mtp.py)."""
+
+    _instance: Mtp | None = None
+
+    def __new__(cls) -> Mtp:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MTP"
+
+    def __str__(self) -> str:
+        return "mtp"
+
+
+#: The one :class:`Mtp` value; ``--draft mtp`` on the command line.
+MTP: Final = Mtp()
+
+
+def draft_source(value: str | Path | NGram | Mtp | None) -> Path | NGram | Mtp | None:
+    """A draft given by a user: ``"ngram"`` is the n-gram drafter, ``"mtp"`` the target's MTP
+    head, anything else a path."""
+    if value is None or isinstance(value, NGram | Mtp):
         return value
-    return NGRAM if str(value) == "ngram" else Path(value)
+    if str(value) == "ngram":
+        return NGRAM
+    return MTP if str(value) == "mtp" else Path(value)
 
 
 @dataclass(frozen=True)
@@ -89,18 +114,19 @@ class LadderShape:
 
 @dataclass(frozen=True)
 class LadderPaths:
-    """The files of a ladder: a target, optionally a qualifier and a draft (or :data:`NGRAM`)."""
+    """The files of a ladder: a target, optionally a qualifier and a draft (or :data:`NGRAM`,
+    or :data:`MTP`)."""
 
     target: Path
     qualifier: Path | None = None
-    draft: Path | NGram | None = None
+    draft: Path | NGram | Mtp | None = None
 
     @classmethod
     def of(
         cls,
         target: str | Path,
         qualifier: str | Path | None = None,
-        draft: str | Path | NGram | None = None,
+        draft: str | Path | NGram | Mtp | None = None,
     ) -> LadderPaths:
         """From user values (strings are paths; ``draft="ngram"`` is the n-gram drafter)."""
         return cls(
@@ -117,12 +143,18 @@ class LadderPaths:
         return isinstance(self.draft, NGram)
 
     @property
-    def shape(self) -> LadderShape:
-        return LadderShape(tuple(self.model_files()), self.ngram)
+    def mtp(self) -> bool:
+        """The draft tier is the target's MTP head."""
+        return isinstance(self.draft, Mtp)
 
-    def get(self, tier: str) -> Path | NGram | None:
+    @property
+    def shape(self) -> LadderShape:
+        models = tuple(t for t in TIERS if t in self.model_files() or (t == "draft" and self.mtp))
+        return LadderShape(models, self.ngram)
+
+    def get(self, tier: str) -> Path | NGram | Mtp | None:
         """The file (or drafter) of ``tier``."""
-        value: Path | NGram | None = getattr(self, tier)
+        value: Path | NGram | Mtp | None = getattr(self, tier)
         return value
 
     def model_files(self) -> dict[str, Path]:

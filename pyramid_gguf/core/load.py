@@ -100,6 +100,20 @@ class LoadConfig:
     rpc: tuple[str, ...] = ()
     #: With ``rpc``: the output layer on the servers too (the logits cross the link), else here.
     rpc_output: bool = False
+    #: llama.cpp's ``--n-cpu-moe N``: the routed experts (``ffn_(up|down|gate)_exps``) of the
+    #: first N layers stay in CPU memory by tensor buffer overrides, everything else goes
+    #: where ``n_gpu_layers`` puts it (native/buffers.py, :func:`~..native.buffers.moe_patterns`).
+    n_cpu_moe: int = 0
+    #: llama.cpp's ``--cpu-moe``: the routed experts of every layer in CPU memory.
+    cpu_moe: bool = False
+    #: Recurrent-state snapshots llama.cpp keeps per sequence (``n_rs_seq``): a hybrid or
+    #: recurrent cache of an architecture llama.cpp allows (qwen35, nemotron_h...) then drops up
+    #: to this many tokens of its last evaluation natively (native/rollback.py); others ignore
+    #: it. Each costs one recurrent state per sequence (planning/memory.py counts them).
+    n_rs_seq: int = 16
+    #: Load the GGUF's NextN (MTP) layers beside the trunk (``llama_model_params.load_mtp``),
+    #: so the model's own MTP head can draft for it (native/mtp.py).
+    load_mtp: bool = False
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
     #: Test hook: the AMX placement (extra types off, CPU_REPACK by overrides) on any CPU.
@@ -119,6 +133,12 @@ class LoadConfig:
             check_threads(n)
         if self.n_gpu_layers < -1:
             raise UserError(f"--n-gpu-layers must be -1 (all) or >= 0, got {self.n_gpu_layers}")
+        if self.n_rs_seq < 0:
+            raise UserError(f"n_rs_seq must be >= 0, got {self.n_rs_seq}")
+        if self.n_cpu_moe < 0:
+            raise UserError(f"--n-cpu-moe must be >= 0, got {self.n_cpu_moe}")
+        if self.rpc and (self.n_cpu_moe or self.cpu_moe):
+            raise UserError("--n-cpu-moe/--cpu-moe with --rpc is not supported")
         if self.rpc:
             object.__setattr__(self, "rpc", tuple(str(e) for e in parse_endpoints(self.rpc)))
         if self.force_repack_overrides and self.extra_buffers is not None:

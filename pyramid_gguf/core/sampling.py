@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .errors import UserError
 from .grammar import Grammar, Trigger
@@ -114,6 +116,147 @@ def parse_logit_bias(
 
 
 @dataclass(frozen=True)
+class SamplerField:
+    """One numeric :class:`SamplingConfig` field as users set it, declared once in
+    :data:`SAMPLER_FIELDS` (as the speculative knobs are in
+    :data:`~pyramid_gguf.core.spec.SPEC_KNOBS`): the CLI flags, the request schemas, Ollama's
+    options and the config's own checks all read the table.
+
+    ``name`` is the config's field and the request field of OpenAI's and llama-server's bodies
+    (the Responses API's too, whose other fields are read as chat completions reads them);
+    ``flag`` (and ``aliases``) the CLI's, llama.cpp's spelling; ``ollama`` / ``anthropic`` the
+    name in Ollama's ``options`` and in Anthropic's Messages body (None: that dialect has no
+    such field); ``neutral`` the value that turns it off (None: no switch). A value must be a
+    number of the field's type, a finite one when ``finite``, passing ``valid`` (else
+    ``"WHERE must be RULE, got VALUE"``, WHERE the flag, request field or option it came as).
+    """
+
+    name: str
+    type: type[int] | type[float]
+    flag: str
+    help: str
+    aliases: tuple[str, ...] = ()
+    ollama: str | None = None
+    anthropic: str | None = None
+    neutral: float | None = None
+    finite: bool = False
+    valid: Callable[[float], bool] | None = None
+    rule: str = ""
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with ``value`` as this field (``"must be ..., got ..."``), or None."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a number, got {value!r}"
+        if self.type is int and not (isinstance(value, int) or value.is_integer()):
+            return f"must be an integer, got {value!r}"
+        if self.finite and not math.isfinite(value):
+            return f"must be a finite number, got {value}"
+        if self.valid is not None and not self.valid(value):
+            return f"must be {self.rule}, got {value}"
+        return None
+
+    def take(self, value: object, where: str) -> int | float:
+        """``value`` as this field's type, or a one-line :class:`UserError` naming ``where``
+        (the request field or option it came as)."""
+        problem = self.problem(value)
+        if problem is not None:
+            raise UserError(f"{where} {problem}")
+        assert isinstance(value, (int, float))
+        return self.type(value)
+
+    def check(self, value: float) -> None:
+        """A one-line :class:`UserError` naming the flag when ``value`` is out of range."""
+        self.take(value, self.flag)
+
+
+_ALL_TOKENS = "-1: all"
+#: Every numeric sampler field, in the CLI's order (llama.cpp's chain after the first four).
+#: Seed, token limit, stop strings, logit biases, the samplers' order and DRY's breakers are
+#: no numbers and each dialect spells them its own way: they stay beside the table.
+SAMPLER_FIELDS: tuple[SamplerField, ...] = (
+    SamplerField(
+        "temperature", float, "--temperature", "0 is greedy.", aliases=("--temp",),
+        ollama="temperature", anthropic="temperature", finite=True, valid=lambda v: v >= 0,
+        rule=">= 0",
+    ),
+    SamplerField(
+        "top_k", int, "--top-k", "0 disables.", ollama="top_k", anthropic="top_k", neutral=0
+    ),
+    SamplerField(
+        "top_p", float, "--top-p", "1 disables.", ollama="top_p", anthropic="top_p",
+        neutral=1, valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
+    ),
+    SamplerField(
+        "min_p", float, "--min-p", "0 disables.", ollama="min_p", neutral=0,
+        valid=lambda v: 0 <= v <= 1, rule="in [0, 1]",
+    ),
+    SamplerField(
+        "typical_p", float, "--typical", "Locally typical sampling; 1 disables.",
+        ollama="typical_p", neutral=1, finite=True, valid=lambda v: v > 0,
+        rule="> 0 (1 disables it)",
+    ),
+    SamplerField(
+        "top_n_sigma", float, "--top-nsigma",
+        "Keep logits within N standard deviations of the top; <= 0 disables.",
+        neutral=-1, finite=True,
+    ),
+    SamplerField(
+        "xtc_probability", float, "--xtc-probability",
+        "XTC: chance of removing the top choices; 0 disables.",
+        neutral=0, valid=lambda v: 0 <= v <= 1, rule="in [0, 1]",
+    ),
+    SamplerField(
+        "xtc_threshold", float, "--xtc-threshold",
+        "XTC: choices above this probability may be removed; > 0.5 disables.",
+        valid=lambda v: 0 <= v <= 1, rule="in [0, 1]",
+    ),
+    SamplerField(
+        "dynatemp_range", float, "--dynatemp-range",
+        "Dynamic temperature in [temp - range, temp + range]; 0 disables.",
+        neutral=0, finite=True, valid=lambda v: v >= 0, rule=">= 0",
+    ),
+    SamplerField(
+        "dynatemp_exponent", float, "--dynatemp-exp", "Dynamic temperature exponent.",
+        finite=True,
+    ),
+    SamplerField(
+        "repeat_penalty", float, "--repeat-penalty", "Penalise repeated tokens; 1 disables.",
+        ollama="repeat_penalty", neutral=1, finite=True, valid=lambda v: v > 0,
+        rule="> 0 (1 disables it)",
+    ),
+    SamplerField(
+        "repeat_last_n", int, "--repeat-last-n",
+        "Tokens the penalties read (prompt included); -1: all, 0 disables.",
+        ollama="repeat_last_n", valid=lambda v: v >= -1, rule=f">= -1 ({_ALL_TOKENS})",
+    ),
+    SamplerField(
+        "presence_penalty", float, "--presence-penalty", "0 disables.",
+        ollama="presence_penalty", neutral=0, finite=True,
+    ),
+    SamplerField(
+        "frequency_penalty", float, "--frequency-penalty", "0 disables.",
+        ollama="frequency_penalty", neutral=0, finite=True,
+    ),
+    SamplerField(
+        "dry_multiplier", float, "--dry-multiplier",
+        "DRY: lower tokens that extend a repetition by multiplier * base ** "
+        "(length - allowed length); 0 disables.",
+        neutral=0, finite=True,
+    ),
+    SamplerField("dry_base", float, "--dry-base", "DRY's base (>= 1).", finite=True),
+    SamplerField(
+        "dry_allowed_length", int, "--dry-allowed-length",
+        "Repetitions DRY leaves alone, in tokens.", valid=lambda v: v >= 0, rule=">= 0",
+    ),
+    SamplerField(
+        "dry_penalty_last_n", int, "--dry-penalty-last-n",
+        "Tokens DRY reads (prompt included); -1: all, 0 disables.",
+        valid=lambda v: v >= -1, rule=f">= -1 ({_ALL_TOKENS})",
+    ),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SamplingConfig:
     """Sampling warp and stop conditions, shared by every tier so ``p`` and ``q`` compare.
 
@@ -172,20 +315,14 @@ class SamplingConfig:
     dry_sequence_breakers: tuple[str, ...] = DRY_BREAKERS
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
-        if not math.isfinite(self.temperature):
-            raise UserError(f"--temperature must be a finite number, got {self.temperature}")
+        for sampler in SAMPLER_FIELDS:
+            sampler.check(getattr(self, sampler.name))
         if self.temperature < MIN_TEMPERATURE:
             object.__setattr__(self, "temperature", 0.0)
         if self.seed == -1:
             object.__setattr__(self, "seed", None)
         elif self.seed is not None and self.seed < 0:
             raise UserError(f"--seed must be >= 0, or -1 for a random seed, got {self.seed}")
-        if not 0 < self.top_p <= 1:
-            raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise UserError(f"--min-p must be in [0, 1], got {self.min_p}")
         self._check_chain()
         if self.max_tokens < 1:
             raise UserError(f"--max-tokens must be at least 1, got {self.max_tokens}")
@@ -197,35 +334,7 @@ class SamplingConfig:
             raise UserError("ignore_eos cannot go with a grammar: the grammar ends the answer")
 
     def _check_chain(self) -> None:
-        """The samplers beyond top-k/top-p/min-p: llama.cpp's ranges, one line each."""
-        finite = {
-            "--typical": self.typical_p,
-            "--top-nsigma": self.top_n_sigma,
-            "--dynatemp-range": self.dynatemp_range,
-            "--dynatemp-exp": self.dynatemp_exponent,
-            "--repeat-penalty": self.repeat_penalty,
-            "--presence-penalty": self.presence_penalty,
-            "--frequency-penalty": self.frequency_penalty,
-            "--dry-multiplier": self.dry_multiplier,
-            "--dry-base": self.dry_base,
-        }
-        for flag, value in finite.items():
-            if not math.isfinite(value):
-                raise UserError(f"{flag} must be a finite number, got {value}")
-        if not self.typical_p > 0:
-            raise UserError(f"--typical must be > 0 (1 disables it), got {self.typical_p}")
-        if not 0 <= self.xtc_probability <= 1:
-            raise UserError(f"--xtc-probability must be in [0, 1], got {self.xtc_probability}")
-        if not 0 <= self.xtc_threshold <= 1:
-            raise UserError(f"--xtc-threshold must be in [0, 1], got {self.xtc_threshold}")
-        if self.dynatemp_range < 0:
-            raise UserError(f"--dynatemp-range must be >= 0, got {self.dynatemp_range}")
-        if not self.repeat_penalty > 0:
-            raise UserError(
-                f"--repeat-penalty must be > 0 (1 disables it), got {self.repeat_penalty}"
-            )
-        if self.repeat_last_n < -1:
-            raise UserError(f"--repeat-last-n must be >= -1 (-1: all), got {self.repeat_last_n}")
+        """What the table's ranges do not say: DRY's, the biases, the samplers' order."""
         self._check_dry()
         for token, bias in (*self.logit_bias, *self.logit_bias_text):
             if isinstance(token, int) and token < 0:
@@ -242,18 +351,27 @@ class SamplingConfig:
             raise UserError("samplers: put xtc after penalties and dry")
 
     def _check_dry(self) -> None:
-        """DRY's ranges, one line each (llama.cpp's, with -1 for all the tokens)."""
+        """DRY's base (only while DRY is on) and its breakers."""
         if self.dry_multiplier != 0 and self.dry_base < 1:
             raise UserError(f"--dry-base must be >= 1, got {self.dry_base}")
-        if self.dry_allowed_length < 0:
-            raise UserError(f"--dry-allowed-length must be >= 0, got {self.dry_allowed_length}")
-        if self.dry_penalty_last_n < -1:
-            raise UserError(
-                f"--dry-penalty-last-n must be >= -1 (-1: all), got {self.dry_penalty_last_n}"
-            )
         if any(not isinstance(b, str) or not b for b in self.dry_sequence_breakers):
             raise UserError("--dry-sequence-breaker: the breakers must be non-empty strings")
 
     def with_(self, **changes: object) -> SamplingConfig:
         """A copy with some fields replaced (validated again)."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def sampler_changes(
+    values: dict[str, Any], column: str | None = None, prefix: str = ""
+) -> dict[str, Any]:
+    """The sampler fields set in ``values`` (a request body or Ollama's ``options``), each read
+    under a dialect's name (``column``: :class:`SamplerField`'s attribute naming it; None: the
+    field's own name), as :class:`SamplingConfig` changes; a one-line :class:`UserError` naming
+    the bad one (``prefix`` before its name: Ollama's ``"option "``)."""
+    changes: dict[str, Any] = {}
+    for field in SAMPLER_FIELDS:
+        key = field.name if column is None else getattr(field, column)
+        if key is not None and values.get(key) is not None:
+            changes[field.name] = field.take(values[key], f"{prefix}{key}")
+    return changes

@@ -52,7 +52,7 @@ class SpecConfig:
     #: every match by what its length is worth).
     ngram_min: int = 3
     #: ``auto``: most tokens proposed to the target in one round.
-    max_block: int = 16
+    max_block: int = 64
     #: ``auto``: may also pick lossy chains (fuzzy rules with ``tau_q`` / ``tau_t``).
     allow_lossy: bool = False
 

@@ -12,6 +12,12 @@ quantization recipe, ``scripts/preset_shapes.py``). Sizes in bytes:
 
 ``n_head_kv`` is one number, or one per block; ``key_length`` / ``value_length`` are the
 per-head dimensions of K and V (default ``n_embd / n_head``).
+
+A mixture of experts adds its routing (:class:`Experts`): ``n_expert`` routed experts per block,
+``n_expert_used`` of them per token (``<arch>.expert_count``, ``<arch>.expert_used_count``),
+``expert_ff`` / ``shared_expert_ff`` (``<arch>.expert_feed_forward_length``,
+``<arch>.expert_shared_feed_forward_length``; 0: none) and ``expert_bytes[i]``: the routed
+experts' tensors of block i (``blk.i.*_exps.*``, every expert), a part of ``layer_bytes[i]``.
 """
 
 from __future__ import annotations
@@ -27,8 +33,39 @@ _INTS = ("n_layer", "n_embd", "n_head", "n_ff", "n_vocab", "head_bytes", "embd_b
 SHAPE_KEYS = (
     "source", "arch", *_INTS, "n_head_kv", "key_length", "value_length", "tied",
     "layer_bytes", "other_bytes",
+    "n_expert", "n_expert_used", "expert_ff", "shared_expert_ff", "expert_bytes",
 )  # fmt: skip
 _OPTIONAL = ("key_length", "value_length", "other_bytes")
+#: The keys of a mixture of experts' routing: all of them, or none (a dense model).
+EXPERT_KEYS = ("n_expert", "n_expert_used", "expert_ff", "shared_expert_ff", "expert_bytes")
+
+
+@dataclass(frozen=True)
+class Experts:
+    """The routed experts of a mixture of experts (see the module docstring): counts, FFN
+    widths, and bytes of every routed expert per block (``layer_bytes``, ``n_layer`` entries)."""
+
+    n_expert: int
+    n_used: int
+    expert_ff: int
+    shared_ff: int
+    layer_bytes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 < self.n_used <= self.n_expert:
+            raise UserError(
+                f"a mixture of experts needs 0 < experts used ({self.n_used}) <= experts "
+                f"({self.n_expert})"
+            )
+
+    def bytes_per_expert(self, block: int) -> float:
+        """Bytes of one routed expert of ``block`` (its share of the stacked tensors)."""
+        return self.layer_bytes[block] / self.n_expert
+
+    def keep(self, blocks: list[int]) -> Experts:
+        """Only ``blocks`` kept (a tier derived by layer skipping), renumbered."""
+        return Experts(self.n_expert, self.n_used, self.expert_ff, self.shared_ff,
+                       tuple(self.layer_bytes[i] for i in blocks))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,6 +88,7 @@ class TierShape:
     head_bytes: int
     embd_bytes: int
     other_bytes: int = 0
+    experts: Experts | None = None
 
     @property
     def tensor_bytes(self) -> int:
@@ -77,6 +115,15 @@ class TierShape:
             ("embd_bytes", self.embd_bytes),
             ("other_bytes", self.other_bytes),
         ]
+        if self.experts is not None:
+            x = self.experts
+            rows += [
+                ("n_expert", x.n_expert),
+                ("n_expert_used", x.n_used),
+                ("expert_ff", x.expert_ff),
+                ("shared_expert_ff", x.shared_ff),
+                ("expert_bytes", list(x.layer_bytes)),
+            ]
         return "\n".join(f"{k} = {_toml_value(v)}" for k, v in rows)
 
 
@@ -118,7 +165,7 @@ def parse_shape(table: Any, where: str) -> TierShape:
         if key not in SHAPE_KEYS:
             raise UserError(f"{where}: unknown key {key!r}; valid: {', '.join(SHAPE_KEYS)}")
     for key in SHAPE_KEYS:
-        if key not in table and key not in _OPTIONAL:
+        if key not in table and key not in _OPTIONAL and key not in EXPERT_KEYS:
             raise UserError(f"{where}: missing key {key!r}")
     for key in ("source", "arch"):
         if not isinstance(table[key], str) or not table[key]:
@@ -148,4 +195,27 @@ def parse_shape(table: Any, where: str) -> TierShape:
         head_bytes=ints["head_bytes"],
         embd_bytes=ints["embd_bytes"],
         other_bytes=_int(table, "other_bytes", where) if "other_bytes" in table else 0,
+        experts=_experts(table, n_layer, where),
     )
+
+
+def _experts(table: Mapping[str, Any], n_layer: int, where: str) -> Experts | None:
+    """A shape table's routing (:data:`EXPERT_KEYS`: all or none), validated."""
+    given = [k for k in EXPERT_KEYS if k in table]
+    if not given:
+        return None
+    if len(given) != len(EXPERT_KEYS):
+        missing = ", ".join(k for k in EXPERT_KEYS if k not in table)
+        raise UserError(f"{where}: a mixture of experts' shape also needs {missing}")
+    ints = {k: _int(table, k, where) for k in EXPERT_KEYS[:4]}
+    experts = Experts(
+        n_expert=ints["n_expert"],
+        n_used=ints["n_expert_used"],
+        expert_ff=ints["expert_ff"],
+        shared_ff=ints["shared_expert_ff"],
+        layer_bytes=_ints(table["expert_bytes"], n_layer, "expert_bytes", where),
+    )
+    layers = _ints(table["layer_bytes"], n_layer, "layer_bytes", where)
+    if any(e > b for e, b in zip(experts.layer_bytes, layers, strict=True)):
+        raise UserError(f"{where}.expert_bytes: more than a block's layer_bytes")
+    return experts

@@ -10,6 +10,7 @@
 - :mod:`.vocab`: tokenizer and special tokens.
 - :mod:`.grammar`: llguidance's tokenizer built from a model's vocabulary.
 - :mod:`.embedding`: :class:`EmbeddingModel`, a model loaded for embeddings (pooled, batched).
+- :mod:`.routing`: :func:`~.routing.record_routes`, the experts an MoE routes each token to.
 """
 
 from .backend import (
@@ -25,6 +26,7 @@ from .buffers import build_has_amx_kernels, peer_llama
 from .embedding import EmbeddingConfig, EmbeddingModel
 from .grammar import grammar_tokenizer
 from .model import EvalTimer, NativeModel, Part
+from .mtp import MtpSequence
 from .sequence import Evaluate, ModelSequence, SequenceView
 from .vocab import Vocab
 
@@ -34,6 +36,7 @@ __all__ = [
     "EvalTimer",
     "Evaluate",
     "ModelSequence",
+    "MtpSequence",
     "NativeModel",
     "Part",
     "SequenceView",

@@ -20,6 +20,8 @@ rows a multiple of 8).
 
 - :func:`plan_placement`: how to load a file under a :class:`LoadConfig` (a :class:`Placement`).
 - :func:`repack_names`: the weights of a file that CPU_REPACK takes on this CPU.
+- :func:`moe_patterns`: the overrides of llama.cpp's ``--n-cpu-moe N`` / ``--cpu-moe`` (routed
+  experts in CPU memory), and :func:`experts_on_cpu`, the tensors of a file they match.
 - :func:`parse_buffer_sizes`: MiB per buffer type from llama.cpp's load log.
 - :func:`peer_llama`: llama-cpp-python's own ``Llama`` (a benchmark's peer), placed the same way.
 """
@@ -32,7 +34,7 @@ import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -269,6 +271,48 @@ def override_patterns(names: Iterable[str]) -> list[str]:
     return whole + grouped
 
 
+# --- mixture-of-experts placement: llama.cpp's --n-cpu-moe ----------------------------------------
+
+#: llama.cpp's ``LLM_FFN_EXPS_REGEX`` (common/common.h): the routed experts' weights (a
+#: shared expert's ``ffn_*_shexp`` does not match, so it goes where its layer goes).
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def moe_patterns(n_cpu_moe: int, cpu_moe: bool = False, n_layer: int | None = None) -> list[str]:
+    """The tensor-override patterns llama.cpp's common/arg.cpp builds, each for the CPU buffer
+    type (matched with ``std::regex_search``): ``--cpu-moe``, one pattern for every layer's
+    experts (:data:`FFN_EXPS_REGEX`); ``--n-cpu-moe N``, ``blk\\.<i>`` + that pattern for
+    ``i < N`` (``llm_add_n_cpu_ffn_overrides``). With ``n_layer`` known, an ``N`` that covers
+    every layer becomes the one ``--cpu-moe`` pattern (the same tensors match)."""
+    if cpu_moe or (n_layer is not None and n_cpu_moe >= n_layer > 0):
+        return [FFN_EXPS_REGEX]
+    return [f"blk\\.{i}{FFN_EXPS_REGEX}" for i in range(n_cpu_moe)]
+
+
+def experts_on_cpu(names: Iterable[str], patterns: Sequence[str]) -> list[str]:
+    """The tensors of ``names`` that ``patterns`` (from :func:`moe_patterns`) keep in CPU
+    memory, searched as llama.cpp searches them (these patterns mean the same in Python's
+    ``re`` as in ECMAScript)."""
+    compiled = [re.compile(p) for p in patterns]
+    return [n for n in names if any(c.search(n) for c in compiled)]
+
+
+def _cpu_buffer_type() -> int:
+    """``ggml_backend_cpu_buffer_type()``: the plain CPU buffer, the type llama.cpp's
+    ``--n-cpu-moe`` overrides name (the loader then considers the CPU's extra types too)."""
+    lib = llama_cpp.llama_cpp._lib
+    lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    return int(lib.ggml_backend_cpu_buffer_type())
+
+
+def _n_layer(path: Path) -> int | None:
+    try:
+        header = read_header(path)
+    except ModelFileError:
+        return None
+    return next((int(v) for k, v in header.metadata.items() if k.endswith(".block_count")), None)
+
+
 # --- the placement of one load ------------------------------------------------------------------
 
 
@@ -283,29 +327,52 @@ class Placement:
 
     kind: PlacementKind
     names: tuple[str, ...] = ()
+    #: Override patterns keeping routed experts in CPU memory (:func:`moe_patterns`).
+    cpu_experts: tuple[str, ...] = ()
 
     def apply(self, params: llama_cpp.llama_model_params) -> object:
         """Set ``params``' ``use_extra_bufts`` and overrides; returns what the overrides point
         into, which must outlive the load (the model keeps it)."""
         params.use_extra_bufts = self.kind == "extra"
-        if not self.names:
+        if not self.names and not self.cpu_experts:
             return None
-        buft = extra_buffer_types()[REPACK]
-        patterns = [p.encode() for p in override_patterns(self.names)]
-        array = (Override * (len(patterns) + 1))(*(Override(p, buft) for p in patterns))
+        rows: list[tuple[bytes, int]] = []
+        if self.names:
+            buft = extra_buffer_types()[REPACK]
+            rows += [(p.encode(), buft) for p in override_patterns(self.names)]
+        if self.cpu_experts:  # after CPU_REPACK's: a weight it names is on the CPU already
+            cpu = _cpu_buffer_type()
+            rows += [(p.encode(), cpu) for p in self.cpu_experts]
+        patterns = [p for p, _ in rows]
+        array = (Override * (len(rows) + 1))(*(Override(p, b) for p, b in rows))
         # llama_cpp declares the field c_void_p (its stub says an array): an address goes in.
         params.tensor_buft_overrides = ctypes.addressof(array)  # type: ignore[assignment]
         return array, patterns
 
     def describe(self) -> str:
-        return {
+        text = {
             "extra": "extra buffer types on",
             "repack": f"extra buffer types off, {len(self.names)} weights in {REPACK} by override",
             "none": "extra buffer types off",
         }[self.kind]
+        if self.cpu_experts == (FFN_EXPS_REGEX,):
+            text += "; experts of every layer in CPU memory"
+        elif self.cpu_experts:
+            text += f"; experts of layers 0-{len(self.cpu_experts) - 1} in CPU memory"
+        return text
 
 
 def plan_placement(path: Path, cfg: LoadConfig) -> Placement:
+    """:func:`plan_buffers`, with the routed experts ``cfg.n_cpu_moe`` / ``cfg.cpu_moe`` keep
+    in CPU memory (:func:`moe_patterns`) overriding wherever layer offloading puts them."""
+    placement = plan_buffers(path, cfg)
+    if not cfg.n_cpu_moe and not cfg.cpu_moe:
+        return placement
+    patterns = moe_patterns(cfg.n_cpu_moe, cfg.cpu_moe, _n_layer(path))
+    return replace(placement, cpu_experts=tuple(patterns))
+
+
+def plan_buffers(path: Path, cfg: LoadConfig) -> Placement:
     """How to load ``path`` under ``cfg``: as asked (``cfg.extra_buffers``), else llama.cpp's
     own choice unless it would use the AMX buffer, then the AMX-safe ``repack`` placement.
 

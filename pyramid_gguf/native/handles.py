@@ -40,6 +40,7 @@ class ModelHandle:
         self.ptr: Any = None
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        params.load_mtp = cfg.load_mtp
         self.placement = plan_placement(path, cfg)
         #: What the tensor overrides point into, kept as long as the model.
         self._overrides = self.placement.apply(params)
@@ -123,6 +124,8 @@ class ContextHandle:
         params.n_batch = cfg.n_batch
         params.n_ubatch = cfg.n_batch
         params.n_seq_max = cfg.parallel
+        # llama.cpp clamps it to 0 for architectures without per-sequence state rollback
+        params.n_rs_seq = cfg.n_rs_seq
         # One cache for every sequence lets a batch of all of them run as one micro-batch; a
         # stream per sequence keeps each laid out as if alone (strict identity).
         params.kv_unified = not cfg.strict_identity

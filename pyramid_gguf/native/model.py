@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import llama_cpp
@@ -55,11 +55,14 @@ class Part:
 
 @dataclass
 class EvalTimer:
-    """Time spent inside llama.cpp by one model."""
+    """Time spent inside llama.cpp by one model: ``seconds`` in whole evaluations, of which
+    ``decode_seconds`` inside ``llama_decode`` itself (the rest: filling the batch, copying
+    logits rows out, bookkeeping)."""
 
     n_evals: int = 0
     n_tokens: int = 0
     seconds: float = 0.0
+    decode_seconds: float = 0.0
 
     def snapshot(self) -> tuple[int, int, float]:
         return self.n_evals, self.n_tokens, self.seconds
@@ -87,13 +90,20 @@ class NativeModel:
             self.n_batch = self._ctx.n_batch
             self.n_seq = self.cfg.parallel
             reason = "forced" if self.cfg.force_snapshot_rollback else self._model.cache_kind()
+            #: llama.cpp's recurrent-state snapshots per sequence (0 where it keeps none).
+            self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ctx.ptr))
             self._rollbacks = [
-                SequenceRollback(self._ctx.ptr, self._ctx.memory, reason, self.path.name, seq)
+                SequenceRollback(
+                    self._ctx.ptr, self._ctx.memory, reason, self.path.name, seq, self.n_rs_seq
+                )
                 for seq in range(self.n_seq)
             ]
             #: Tokens each sequence's KV cache holds, in order.
             self._held: list[list[int]] = [[] for _ in range(self.n_seq)]
             self.timer = EvalTimer()
+            #: Called after each ``llama_decode`` with its entries (token, position, sequence,
+            #: logits wanted): the MTP head reads the target's hidden states (native/mtp.py).
+            self.decode_hooks: list[Callable[[Sequence[tuple[int, int, int, bool]]], None]] = []
         except BaseException:  # a Ctrl-C too: nothing half-made is left to the collector
             self.close()
             raise
@@ -173,13 +183,23 @@ class NativeModel:
                 entries.append((int(tok), first + j, p.seq, j in rows))
                 dest.append((i, rows[j]) if j in rows else None)
         start_time = time.perf_counter()
+        in_decode = 0.0
         step = min(chunk, self.n_batch) if chunk > 0 else self.n_batch
         for start in range(0, len(entries), step):
             piece = entries[start : start + step]
             self._batch.fill(piece)
+            t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self._ctx.ptr, self._batch.ptr)
+            in_decode += time.perf_counter() - t0
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} for {self.path.name}")
+            counts: dict[int, int] = {}
+            for _, _, seq, _ in piece:
+                counts[seq] = counts.get(seq, 0) + 1
+            for seq, n in counts.items():
+                self._rollbacks[seq].decoded(n)
+            for hook in self.decode_hooks:
+                hook(piece)
             for j, (tok, _, seq, wanted) in enumerate(piece):
                 self._held[seq].append(tok)
                 where = dest[start + j]
@@ -189,9 +209,15 @@ class NativeModel:
         self.timer.n_evals += 1
         self.timer.n_tokens += len(entries)
         self.timer.seconds += time.perf_counter() - start_time
+        self.timer.decode_seconds += in_decode
         return [p.ordered(out, want) for out, p, want in zip(outs, parts, wants, strict=True)]
 
     # --- KV-cache rollback -------------------------------------------------------------------
+
+    def rollback_counts(self, seq: int = 0) -> tuple[int, int]:
+        """Rollbacks of sequence ``seq`` so far: (native, through a saved state)."""
+        r = self._rollbacks[seq]
+        return r.native_rollbacks, r.state_rollbacks
 
     @property
     def snapshot_reason(self) -> str | None:

@@ -4,6 +4,13 @@ Most caches drop a suffix with ``llama_memory_seq_rm``. Sliding-window, recurren
 caches cannot (after a sliding window has moved, removal leaves wrong logits), so for them
 :class:`SequenceRollback` restores the newest saved sequence state at or before the target
 length and has the gap re-evaluated; a state is saved at every such rollback point.
+
+Where llama.cpp keeps per-sequence recurrent-state snapshots (``n_rs_seq > 0``: hybrid and
+recurrent architectures it allows, such as qwen35 and nemotron_h), a rollback of ``j`` tokens
+that all came from the sequence's last evaluation, with ``j <= n_rs_seq``, goes through
+``llama_memory_seq_rm`` like a plain KV cache (llama.cpp's own rollback, #28123): no state is
+copied and nothing is evaluated again. Anything else (a longer rollback, or tokens from several
+evaluations, as a draft's one-token steps) takes the snapshot path above.
 """
 
 from __future__ import annotations
@@ -27,13 +34,40 @@ class SequenceRollback:
     ``hybrid``, ``forced``), or None when it is.
     """
 
-    def __init__(self, ctx: Any, memory: Any, reason: str | None, name: str, seq: int = 0) -> None:
+    def __init__(
+        self, ctx: Any, memory: Any, reason: str | None, name: str, seq: int = 0, n_rs_seq: int = 0
+    ) -> None:
         self._ctx = ctx
         self._mem = memory
         self.seq = seq
         self.reason = reason
         self._name = name
         self._snapshots: list[tuple[int, bytes]] = []
+        #: llama.cpp's recurrent-state snapshots per sequence (0: none).
+        self.n_rs_seq = n_rs_seq
+        #: Tokens of this sequence in its last ``llama_decode`` (what native rollback may drop).
+        self._last_decode = 0
+        #: Rollbacks done natively and through a saved state (counters, for measurements).
+        self.native_rollbacks = 0
+        self.state_rollbacks = 0
+
+    def decoded(self, n_tokens: int) -> None:
+        """Note that one ``llama_decode`` appended ``n_tokens`` tokens to this sequence."""
+        self._last_decode = n_tokens
+
+    def _native(self, tokens: list[int], n_past: int) -> bool:
+        """Drop the suffix through llama.cpp's recurrent-state snapshots, if they cover it."""
+        drop = len(tokens) - n_past
+        if not 0 < drop < self._last_decode or drop > self.n_rs_seq:
+            return False
+        if not llama_cpp.llama_memory_seq_rm(self._mem, self.seq, n_past, -1):
+            return False
+        del tokens[n_past:]
+        self._last_decode = 0  # one pending rollback at a time (llama.cpp's rule)
+        while self._snapshots and self._snapshots[-1][0] > n_past:
+            self._snapshots.pop()
+        self.native_rollbacks += 1
+        return True
 
     def truncate(self, tokens: list[int], n_past: int, reeval: Reeval) -> None:
         """Make the cache (and ``tokens``, in place) hold exactly ``tokens[:n_past]``.
@@ -46,6 +80,10 @@ class SequenceRollback:
                 del tokens[n_past:]
                 return
             self.reason = "partial removal refused"
+        if self.n_rs_seq and self._native(tokens, n_past):
+            return
+        self.state_rollbacks += 1
+        self._last_decode = 0
         kept = tokens[:n_past]
         while self._snapshots and self._snapshots[-1][0] > n_past:
             self._snapshots.pop()
@@ -74,3 +112,4 @@ class SequenceRollback:
         """Empty the sequence and forget its saved states."""
         llama_cpp.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
         self._snapshots = []
+        self._last_decode = 0

@@ -25,7 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..core.errors import ModelFileError, UserError
 from ..core.gguf_header import ArrayInfo, GGUFHeader, read_header
 from ..core.load import KV_TYPES
-from ..models.shapes import TierShape
+from ..models.shapes import Experts, TierShape
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -92,6 +92,8 @@ class ModelMemory:
     ``other_bytes``: any remaining non-block tensors (kept on the CPU).
     ``file_head_bytes`` counts only tensors stored in the file (tied duplicate excluded), so
     ``sum(layer_bytes) + file_head_bytes + embd_bytes + other_bytes == tensor_bytes``.
+    ``experts``: a mixture of experts' routing and its routed experts' bytes per block (a part
+    of ``layer_bytes``; None: a dense model; planning/moe.py prices it).
     """
 
     path: str
@@ -111,6 +113,16 @@ class ModelMemory:
     other_bytes: int
     tied_output: bool
     tensor_bytes: int
+    experts: Experts | None = None
+    #: Per block: bytes of one sequence's recurrent state (Gated DeltaNet: conv and SSM
+    #: states, f32), 0 for attention blocks; llama.cpp keeps ``1 + n_rs_seq`` copies of it
+    #: per sequence (the snapshots a rollback restores). Empty: no recurrent block.
+    state_bytes: tuple[int, ...] = ()
+
+    def recurrent_bytes(self, parallel: int = 1, n_rs_seq: int = 0) -> tuple[int, ...]:
+        """Per block: recurrent-state bytes of ``parallel`` sequences with ``n_rs_seq``
+        snapshots each (llama.cpp's ``llama_memory_recurrent``: ``1 + n_rs_seq`` rows)."""
+        return tuple(b * parallel * (1 + n_rs_seq) for b in self.state_bytes)
 
     @property
     def weight_bytes(self) -> int:
@@ -184,6 +196,34 @@ def _hyper(h: GGUFHeader) -> _Hyper:
     return _Hyper(arch, n_layer, n_embd, n_head, n_ff, n_kv, k_len, v_len)
 
 
+#: A routed expert's tensors: ``blk.i.ffn_(gate|up|down|gate_up)_exps.(weight|bias|scale)``.
+_EXPS = re.compile(r"^blk\.(\d+)\.ffn_[a-z_]*_exps\.")
+
+
+def header_experts(h: GGUFHeader, arch: str, n_layer: int) -> Experts | None:
+    """A mixture of experts' routing from the header (``<arch>.expert_count``,
+    ``expert_used_count``, ``expert_feed_forward_length``,
+    ``expert_shared_feed_forward_length``) and its ``*_exps`` tensors' bytes per block; None
+    for a dense model (no experts, or none used)."""
+    meta = h.metadata
+    n_expert = int(_first(meta.get(f"{arch}.expert_count", 0)) or 0)
+    n_used = int(_first(meta.get(f"{arch}.expert_used_count", 0)) or 0)
+    if n_expert <= 0 or n_used <= 0:
+        return None
+    per_block = [0] * n_layer
+    for t in h.tensors:
+        m = _EXPS.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            per_block[int(m.group(1))] += t.nbytes
+    return Experts(
+        n_expert=n_expert,
+        n_used=n_used,
+        expert_ff=int(_first(meta.get(f"{arch}.expert_feed_forward_length", 0)) or 0),
+        shared_ff=int(_first(meta.get(f"{arch}.expert_shared_feed_forward_length", 0)) or 0),
+        layer_bytes=tuple(per_block),
+    )
+
+
 def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
     """The :class:`ModelMemory` of a GGUF file (path or parsed header)."""
     h = source if isinstance(source, GGUFHeader) else read_header(source)
@@ -215,6 +255,7 @@ def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
         tokens = h.metadata.get("tokenizer.ggml.tokens")
         n_vocab = tokens.length if isinstance(tokens, ArrayInfo) else len(tokens or [])
     tied = not has_output
+    state, attn = _recurrent(h, hp)
     return ModelMemory(
         path=str(h.path),
         arch=hp.arch,
@@ -223,8 +264,8 @@ def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
         n_head=hp.n_head,
         n_ff=hp.n_ff,
         n_vocab=n_vocab,
-        n_embd_k=tuple(n * hp.key_length for n in hp.n_head_kv),
-        n_embd_v=tuple(n * hp.value_length for n in hp.n_head_kv),
+        n_embd_k=tuple(n * hp.key_length * a for n, a in zip(hp.n_head_kv, attn, strict=True)),
+        n_embd_v=tuple(n * hp.value_length * a for n, a in zip(hp.n_head_kv, attn, strict=True)),
         layer_bytes=tuple(layers),
         head_bytes=head + (embd if tied else 0),
         file_head_bytes=head,
@@ -232,7 +273,36 @@ def model_memory(source: str | Path | GGUFHeader) -> ModelMemory:
         other_bytes=other,
         tied_output=tied,
         tensor_bytes=h.tensor_bytes,
+        experts=header_experts(h, hp.arch, n_layer),
+        state_bytes=state,
     )
+
+
+#: Hybrids whose blocks are Gated DeltaNet except every ``full_attention_interval``-th.
+_DELTANET = frozenset({"qwen35", "qwen35moe", "qwen3next"})
+
+
+def _recurrent(h: GGUFHeader, hp: _Hyper) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per block: one sequence's recurrent-state bytes, and 1 where the block keeps a KV cache
+    in the main context (0 for a recurrent block, and for a NextN block, whose cache lives in
+    the MTP context). Dense and other architectures: no state, every block attends."""
+    n = hp.n_layer
+    meta = h.metadata
+    if hp.arch not in _DELTANET:
+        return (), (1,) * n
+    nextn = int(_first(meta.get(f"{hp.arch}.nextn_predict_layers", 0)) or 0)
+    trunk = n - nextn
+    interval = int(_first(meta.get(f"{hp.arch}.full_attention_interval", 4)) or 4)
+    d_conv = int(_first(meta.get(f"{hp.arch}.ssm.conv_kernel", 4)))
+    d_state = int(_first(meta.get(f"{hp.arch}.ssm.state_size", 0)))
+    groups = int(_first(meta.get(f"{hp.arch}.ssm.group_count", 0)))
+    heads = int(_first(meta.get(f"{hp.arch}.ssm.time_step_rank", 0)))
+    conv_dim = 2 * d_state * groups + d_state * heads
+    one = 4 * ((d_conv - 1) * conv_dim + d_state * d_state * heads)
+    recurrent = [i < trunk and (i + 1) % interval != 0 for i in range(n)]
+    state = tuple(one if r else 0 for r in recurrent)
+    attention = tuple(int(i < trunk and not r) for i, r in enumerate(recurrent))
+    return state, attention
 
 
 def shape_of(h: GGUFHeader, source: str) -> TierShape:
@@ -255,6 +325,7 @@ def shape_of(h: GGUFHeader, source: str) -> TierShape:
         head_bytes=mm.file_head_bytes,
         embd_bytes=mm.embd_bytes,
         other_bytes=mm.other_bytes,
+        experts=mm.experts,
     )
 
 
@@ -278,6 +349,7 @@ def shape_memory(shape: TierShape, label: str) -> ModelMemory:
         other_bytes=shape.other_bytes,
         tied_output=shape.tied,
         tensor_bytes=shape.tensor_bytes,
+        experts=shape.experts,
     )
 
 
@@ -290,8 +362,10 @@ def keep_blocks(mm: ModelMemory, blocks: list[int], label: str) -> ModelMemory:
         n_layer=len(blocks),
         n_embd_k=tuple(mm.n_embd_k[i] for i in blocks),
         n_embd_v=tuple(mm.n_embd_v[i] for i in blocks),
+        state_bytes=tuple(mm.state_bytes[i] for i in blocks) if mm.state_bytes else (),
         layer_bytes=kept,
         tensor_bytes=mm.tensor_bytes - sum(mm.layer_bytes) + sum(kept),
+        experts=mm.experts.keep(blocks) if mm.experts is not None else None,
     )
 
 

@@ -13,7 +13,7 @@ winner into the tiers to load and each one's load config.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import UserError
@@ -22,8 +22,9 @@ from ..core.load import LoadConfig
 from ..core.spec import SpecConfig
 from ..models.registry import get_preset
 from . import sources
-from .compose import DeviceProfile, composed_curve
+from .compose import DeviceProfile
 from .memory import GiB, MiB, ModelMemory, model_memory
+from .moe import ExpertUnion, load_routes, tier_curve, union_of
 from .ram import RamBudget, overflow_bytes, resolve_ram, ssd_tps
 from .rank import Placement, Ranking, Unfit, placements, rank, replay_plain
 from .tiers import preset_memory
@@ -51,6 +52,9 @@ class PlanInputs:
     kv_quant: KvQuant = "off"
     margin: int | None = None
     ram: str | int | None = None
+    #: A mixture-of-experts target's recorded routes (``.npy``, ``native/routing.py``): the
+    #: union of experts a block reads is measured on them, else random routing is assumed.
+    routes: Path | None = None
 
 
 def plan_ladder(
@@ -124,7 +128,8 @@ def _plan(
         ]
         if not fits:
             raise UserError(_no_fit(name, options, models, ram, offload, load, budget, inputs))
-    ranked = rank(fits, models, traces, cpu.profile, gpu_profile, spec=spec)
+    unions, experts = _unions(models["target"], inputs.routes)
+    ranked = rank(fits, models, traces, cpu.profile, gpu_profile, spec=spec, unions=unions)
     return Ranking(
         tuple(ranked),
         traces,
@@ -136,7 +141,30 @@ def _plan(
         models=notes,
         ram=ram,
         unfit=tuple(unfit),
+        experts=experts,
     )
+
+
+def _unions(target: ModelMemory, routes: Path | None) -> tuple[dict[str, ExpertUnion], str]:
+    """The target's union of experts (measured on ``routes``, else random routing) and a line
+    saying where it came from; nothing for a dense target."""
+    if target.experts is None:
+        if routes is not None:
+            raise UserError(f"--routes: the target {target.path} is not a mixture of experts")
+        return {}, ""
+    unions: dict[str, ExpertUnion] = {}
+    if routes is not None:
+        measured = ExpertUnion.from_routes(load_routes(routes), target.experts.n_expert)
+        unions["target"] = union_of(
+            target, replace(measured, source=f"{routes}: {measured.source}")
+        )
+    u = unions.get("target") or union_of(target)
+    line = (
+        f"the target reads, per block, the attention and shared weights and the union of the "
+        f"experts its tokens route to ({u.n_used} of {u.n_expert}), from {u.source}: "
+        f"{u.ratio(4):.1f}x one token's expert bytes at 4 tokens, {u.ratio(8):.1f}x at 8"
+    )
+    return unions, line
 
 
 def host_need(placement: Placement, offload: bool = True) -> int:
@@ -157,7 +185,7 @@ def _unfit(
     need = host_need(p, offload)
     over = overflow_bytes(need, ram)
     target = p.plan.tier("target")
-    curve = composed_curve(models["target"], p.n_gpu_layers("target"), cpu, gpu)
+    curve = tier_curve(models["target"], p.n_gpu_layers("target"), p.n_cpu_moe("target"), cpu, gpu)
     plain = replay_plain(curve)
     cpu_weights = sum(t.cpu_weight_bytes for t in p.plan.tiers) + (
         0 if offload else target.gpu_weight_bytes

@@ -2,8 +2,10 @@
 
 VRAM is the currency: a qualifier's gigabytes could instead hold target layers. A
 :class:`Placement` is one way to spend the budget (every tier, the draft first; no qualifier;
-the qualifier as the only draft; the draft on the CPU; the target alone), fitted by the memory
-planner (:func:`~pyramid_gguf.planning.vram.make_plan`). :func:`rank` prices each one: the cost
+the qualifier as the only draft; the draft on the CPU; the target alone; for a mixture of
+experts, each of those with every layer on the GPU but the experts of the first blocks,
+:func:`~pyramid_gguf.planning.moe.expert_plan`), fitted by the memory planner
+(:func:`~pyramid_gguf.planning.vram.make_plan`). :func:`rank` prices each one: the cost
 curve of every tier at its layer split, composed from device profiles
 (:mod:`.compose`), then ``auto`` replayed over acceptance traces recorded on real models
 (:func:`~pyramid_gguf.decoding.offline.replay.replay_trace`): the same rounds, decisions and budget
@@ -19,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..core.errors import UserError
 from ..core.ladder import LadderShape
 from ..core.load import LoadConfig
 from ..core.spec import SpecConfig
@@ -26,8 +29,9 @@ from ..decoding.offline.replay import replay_trace
 from ..decoding.offline.traces import TraceSet
 from ..decoding.pricing.costs import CostCurve
 from ..decoding.runtime.auto import ROUND_OVERHEAD
-from .compose import DeviceProfile, Link, composed_curve
+from .compose import DeviceProfile, Link
 from .memory import GiB, ModelMemory
+from .moe import ExpertUnion, expert_plan, tier_curve
 from .peer import PeerSpec, PeerWalks
 from .ram import RamBudget
 from .vram import KvQuant, Plan, make_plan, tier_plan
@@ -38,6 +42,8 @@ NO_QUALIFIER = "no qualifier"
 QUALIFIER_DRAFTS = "qualifier as draft"
 DRAFT_ON_CPU = "draft on CPU"
 TARGET_ONLY = "target only"
+#: A placement's name with a mixture of experts' experts of the first blocks in CPU memory.
+EXPERTS_ON_CPU = ", experts on CPU"
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,11 @@ class Placement:
     def n_gpu_layers(self, tier: str) -> int:
         return self.plan.tier(tier).n_gpu_layers
 
+    def n_cpu_moe(self, tier: str) -> int:
+        """Blocks of ``tier`` whose routed experts stay in CPU memory (llama.cpp's
+        ``--n-cpu-moe``; 0 for a dense tier)."""
+        return self.plan.tier(tier).n_cpu_moe
+
 
 def placements(
     models: Mapping[str, ModelMemory],
@@ -69,7 +80,9 @@ def placements(
     margin: int | None = None,
 ) -> list[Placement]:
     """Every way this ladder's tiers (``models``: tier -> memory facts) can share ``budget``
-    bytes of VRAM, each fitted by the memory planner (the tiers it places first fill first)."""
+    bytes of VRAM, each fitted by the memory planner (the tiers it places first fill first).
+    A mixture-of-experts target adds each order with its experts partly in CPU memory
+    (``load.n_cpu_moe`` / ``load.cpu_moe`` given by hand: exactly those blocks)."""
 
     def fit(order: Sequence[str]) -> Plan:
         return make_plan(
@@ -88,6 +101,29 @@ def placements(
     if has_q:
         out.append(Placement(QUALIFIER_DRAFTS, fit(("qualifier", "target"))))
     out.append(Placement(TARGET_ONLY, fit(("target",))))
+    target = models["target"]
+    if target.experts is None:
+        if load.n_cpu_moe or load.cpu_moe:
+            raise UserError(
+                f"--n-cpu-moe/--cpu-moe: the target {target.path} is not a mixture of experts"
+            )
+        return out
+    fixed = target.n_layer if load.cpu_moe else (load.n_cpu_moe or None)
+    orders = {
+        ALL: ("draft", "qualifier", "target"),
+        NO_QUALIFIER: ("draft", "target"),
+        QUALIFIER_DRAFTS: ("qualifier", "target"),
+        TARGET_ONLY: ("target",),
+    }
+    for name, order in orders.items():
+        if not all(t in models for t in order):
+            continue
+        plan = expert_plan(
+            [(t, models[t]) for t in order], budget, load,
+            kv_quant=kv_quant, margin_bytes=margin, n_cpu_moe=fixed,
+        )  # fmt: skip
+        if plan is not None:
+            out.append(Placement(name + EXPERTS_ON_CPU, plan))
     return out
 
 
@@ -121,6 +157,7 @@ class Prediction:
             "tiers": {
                 t: {
                     "n_gpu_layers": self.placement.n_gpu_layers(t),
+                    "n_cpu_moe": self.placement.n_cpu_moe(t),
                     "gpu_bytes": self.placement.plan.tier(t).gpu_bytes,
                     "ms_per_token": round(self.costs[t](1) * 1000, 3),
                 }
@@ -151,10 +188,21 @@ def placement_costs(
     cpu: DeviceProfile,
     gpu: DeviceProfile | None,
     link: Link | None = None,
+    unions: Mapping[str, ExpertUnion] | None = None,
 ) -> dict[str, CostCurve]:
-    """The composed cost curve of every tier of ``placement``."""
+    """The composed cost curve of every tier of ``placement`` (a mixture of experts priced by
+    the union its blocks read: ``unions[tier]``, else random routing; :mod:`.moe`)."""
+    unions = unions or {}
     return {
-        t: composed_curve(models[t], placement.n_gpu_layers(t), cpu, gpu, link)
+        t: tier_curve(
+            models[t],
+            placement.n_gpu_layers(t),
+            placement.n_cpu_moe(t),
+            cpu,
+            gpu,
+            link,
+            unions.get(t),
+        )
         for t in placement.tiers
     }
 
@@ -196,15 +244,17 @@ def rank(
     *,
     spec: SpecConfig | None = None,
     link: Link | None = None,
+    unions: Mapping[str, ExpertUnion] | None = None,
 ) -> list[Prediction]:
     """``options`` predicted and sorted fastest first (fewer tiers first among equals); each
     speedup is over the fastest plain decoding of any option (the best a user gets today by
-    fitting the target alone). Each carries llama.cpp's draft-model speculation in it."""
+    fitting the target alone). Each carries llama.cpp's draft-model speculation in it.
+    ``unions``: a mixture of experts' measured union per tier (else random routing)."""
     spec = spec or SpecConfig(mode="auto")
     walks = PeerWalks(traces, max_draft=spec.max_block)
     preds = []
     for p in options:
-        costs = placement_costs(p, models, cpu, gpu, link)
+        costs = placement_costs(p, models, cpu, gpu, link, unions)
         preds.append(replace(predict(p, costs, traces, spec), peer=walks.best(costs)))
     baseline = max(p.plain_tps for p in preds)
     preds = [replace(p, speedup=p.tps / baseline) for p in preds]
@@ -254,6 +304,8 @@ class Ranking:
     models: tuple[str, ...] = ()
     ram: RamBudget | None = None
     unfit: tuple[Unfit, ...] = ()
+    #: A mixture-of-experts target: where the union of experts its blocks read came from.
+    experts: str = ""
 
     @property
     def best(self) -> Prediction:
@@ -299,6 +351,8 @@ class Ranking:
         if self.gpu is not None:
             lines.append(_profile_line("GPU", self.gpu, self.gpu_how))
         lines += [f"memory: {m}" for m in self.models]
+        if self.experts:
+            lines.append(f"experts: {self.experts}")
         if self.ram is None:
             lines.append("RAM: not known, so not checked (--ram SIZE checks it)")
         else:

@@ -83,6 +83,9 @@ class TierPlan:
     cpu_buffer_bytes: int
     #: llama.cpp's op offload (see the module docstring); only a zero-layer tier goes without.
     op_offload: bool = True
+    #: llama.cpp's ``--n-cpu-moe``: the routed experts of the first blocks kept in CPU memory
+    #: (a mixture of experts only; planning/moe.py).
+    n_cpu_moe: int = 0
 
     @property
     def full(self) -> bool:
@@ -104,28 +107,40 @@ class TierPlan:
 
 
 def tier_plan(
-    tier: str, mm: ModelMemory, n_gpu_layers: int, load: LoadConfig, *, op_offload: bool = True
+    tier: str,
+    mm: ModelMemory,
+    n_gpu_layers: int,
+    load: LoadConfig,
+    *,
+    op_offload: bool = True,
+    n_cpu_moe: int = 0,
 ) -> TierPlan:
     """The memory split of ``mm`` loaded with ``n_gpu_layers`` (llama.cpp's counting), with
     the context size (``n_ctx`` cells for each of ``parallel`` slots), micro-batch and KV cache
     types of ``load``; ``op_offload`` only matters with no GPU layers (a GPU buffer for the
-    output head and the logits, or nothing)."""
+    output head and the logits, or nothing). ``n_cpu_moe``: a mixture of experts' routed
+    experts of the first ``n_cpu_moe`` blocks stay in CPU memory (ignored for a dense model)."""
     n_ctx, n_ubatch = load.n_ctx * load.parallel, load.n_batch
     k = mm.n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, mm.n_layer + 1)
     blocks, output = placement(mm.n_layer, k)
     first_gpu = mm.n_layer - blocks
     gpu_w = sum(mm.layer_bytes[first_gpu:]) + (mm.head_bytes if output else 0)
+    n_cpu_moe = min(n_cpu_moe, mm.n_layer) if mm.experts is not None else 0
+    gpu_w -= sum(mm.experts.layer_bytes[first_gpu:n_cpu_moe]) if mm.experts is not None else 0
     kv_tok = mm.kv_bytes_per_token(load.type_k, load.type_v)
     cells = padded_ctx(n_ctx)
     gpu_kv = cells * sum(kv_tok[first_gpu:])
     cpu_kv = cells * sum(kv_tok[:first_gpu])
+    if mm.state_bytes:  # a hybrid's recurrent states, with llama.cpp's rollback snapshots
+        state = mm.recurrent_bytes(load.parallel, load.n_rs_seq)
+        gpu_kv, cpu_kv = gpu_kv + sum(state[first_gpu:]), cpu_kv + sum(state[:first_gpu])
     if k > 0:
         gpu_buf = mm.compute_bytes(n_ctx, n_ubatch, logits=output)
     elif op_offload:
         gpu_buf = mm.head_bytes + mm.compute_bytes(n_ctx, n_ubatch, logits=True)
     else:
         gpu_buf = 0
-    if blocks < mm.n_layer or not output:
+    if blocks < mm.n_layer or not output or n_cpu_moe > first_gpu:
         cpu_buf = mm.compute_bytes(n_ctx, n_ubatch, logits=not output)
     else:  # host staging of the input embeddings only
         cpu_buf = 2 * n_ubatch * mm.n_embd * 4
@@ -143,6 +158,7 @@ def tier_plan(
         gpu_buffer_bytes=gpu_buf,
         cpu_buffer_bytes=cpu_buf,
         op_offload=op_offload or k > 0,
+        n_cpu_moe=n_cpu_moe,
     )
 
 
@@ -289,14 +305,16 @@ def apply_plan(plan: Plan, tier: str) -> int:
 
 
 def tier_load_config(plan: Plan, tier: str, base: LoadConfig) -> LoadConfig:
-    """``base`` with the plan's ``n_gpu_layers`` and op offload for ``tier`` and its KV cache
-    types.
+    """``base`` with the plan's ``n_gpu_layers``, op offload and ``n_cpu_moe`` for ``tier`` and
+    its KV cache types.
 
     A quantized V cache needs flash attention, so ``flash_attn`` is forced on then.
     """
     changes: dict[str, Any] = {
         "n_gpu_layers": apply_plan(plan, tier),
         "op_offload": plan.tier(tier).op_offload,
+        "n_cpu_moe": plan.tier(tier).n_cpu_moe,
+        "cpu_moe": False,
         "type_k": plan.load.type_k,
         "type_v": plan.load.type_v,
     }

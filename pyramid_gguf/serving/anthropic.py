@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -49,37 +49,15 @@ from ..core.errors import UserError
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingConfig
 from ..grammar import check_grammar
-from .errors import ApiError, error_of
+from .errors import ApiError, validation_error
+from .http_errors import ANTHROPIC, json_body, router
 from .jobs import Reader
-from .schemas import GenerationRequest
-from .service import Handler, Service, json_route, sse
+from .schemas import samplers
+from .service import Service, service_of, sse, stream
 from .thinking import OPEN, Thoughts, split
-
-#: Anthropic's error type of each status we answer.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-
 
 #: Prompt tokens whose text tells whether the template opened the answer's thinking.
 PROMPT_TAIL = 16
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """An error in Anthropic's shape."""
-    kind = ERROR_TYPES.get(status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
 class MessagesRequest(BaseModel):
@@ -93,9 +71,7 @@ class MessagesRequest(BaseModel):
     system: str | list[dict[str, Any]] | None = None
     max_tokens: int | None = Field(None, ge=1)
     stop_sequences: list[str] | None = None
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    # temperature, top_p, top_k: SAMPLER_FIELDS' with an Anthropic name, read from model_extra
     stream: bool = False
     tools: Any = None
     tool_choice: Any = None
@@ -163,9 +139,7 @@ class MessagesRequest(BaseModel):
         changes: dict[str, Any] = {
             k: v
             for k, v in (
-                ("temperature", self.temperature),
-                ("top_p", self.top_p),
-                ("top_k", self.top_k),
+                *samplers(self.model_extra or {}, "anthropic").items(),
                 ("max_tokens", self.max_tokens),
             )
             if v is not None
@@ -297,12 +271,6 @@ def tool_uses(message: Message) -> list[dict[str, Any]]:
     return out
 
 
-def _first_error(e: ValidationError) -> ApiError:
-    first = e.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()))
-    return ApiError(400, f"{loc}: {first.get('msg', 'invalid value')}" if loc else "invalid body")
-
-
 class Shape:
     """One answer's id, model and how its parts look (a :class:`~.service.Shape`). ``calls``
     reads tool calls out of its text (None: no tools); with ``thinks`` the answer's thinking
@@ -387,55 +355,56 @@ class Shape:
         out["usage"]["output_tokens"] = last.stats.generated_tokens
         return out
 
-    async def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
-        """The SSE body; leaving early (client gone) cancels the generation."""
-        try:
-            start = self.message([], first.stats)
-            yield sse({"type": "message_start", "message": start}, "message_start")
-            blocks = _Blocks()
-            if self.calls is None and self.thoughts is None:  # the text block opens at once
-                yield blocks.add("text", "")[0]
-            text, tokens = "", []
-            step: Response | None = first
-            last = first
-            while step is not None:
-                last = step
-                text += step.text
-                tokens += step.token_ids
-                for event in self._pieces(blocks, *self._split(step.text)):
-                    yield event
-                step = await reader.next()
-            uses: list[dict[str, Any]] = []
-            if self.thoughts is not None:
-                for event in self._pieces(blocks, *self.thoughts.finish()):
-                    yield event
-            if self.calls is not None:
-                message, rest = self.calls.finish()
-                uses = tool_uses(message)
-                for event in blocks.add("text", rest.content) if rest.content else ():
-                    yield event
-            for event in blocks.close():
+    def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
+        """The SSE body; an error after the headers went out is an ``error`` event."""
+
+        def late(error: ApiError) -> str:
+            return sse(error.anthropic_body(), "error")
+
+        return stream(reader, first, self._events, late)
+
+    async def _events(self, steps: AsyncIterator[Response]) -> AsyncIterator[str]:
+        blocks = _Blocks()
+        text, tokens = "", []
+        last: Response | None = None
+        async for step in steps:
+            if last is None:  # the first step: the message opens
+                start = self.message([], step.stats)
+                yield sse({"type": "message_start", "message": start}, "message_start")
+                if self.calls is None and self.thoughts is None:  # the text block opens at once
+                    yield blocks.add("text", "")[0]
+            last = step
+            text += step.text
+            tokens += step.token_ids
+            for event in self._pieces(blocks, *self._split(step.text)):
                 yield event
-            for use in uses:
-                for event in blocks.tool_use(use):
-                    yield event
-            reason, sequence = self.stop(last.finish_reason, text, tokens)
-            if uses and reason == "end_turn":
-                reason = "tool_use"
-            yield sse(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                    "usage": {"output_tokens": last.stats.generated_tokens},
-                },
-                "message_delta",
-            )
-            yield sse({"type": "message_stop"}, "message_stop")
-        except Exception as e:  # after the headers went out: an error event
-            error = error_of(e)
-            yield sse(error_body(error.status, error.message), "error")
-        finally:
-            reader.close()
+        assert last is not None
+        uses: list[dict[str, Any]] = []
+        if self.thoughts is not None:
+            for event in self._pieces(blocks, *self.thoughts.finish()):
+                yield event
+        if self.calls is not None:
+            message, rest = self.calls.finish()
+            uses = tool_uses(message)
+            for event in blocks.add("text", rest.content) if rest.content else ():
+                yield event
+        for event in blocks.close():
+            yield event
+        for use in uses:
+            for event in blocks.tool_use(use):
+                yield event
+        reason, sequence = self.stop(last.finish_reason, text, tokens)
+        if uses and reason == "end_turn":
+            reason = "tool_use"
+        yield sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"output_tokens": last.stats.generated_tokens},
+            },
+            "message_delta",
+        )
+        yield sse({"type": "message_stop"}, "message_stop")
 
     def _split(self, piece: str) -> tuple[str, str]:
         """A step's text as ``(thinking, text)``."""
@@ -514,70 +483,58 @@ def _block_delta(index: int, delta: dict[str, Any]) -> str:
     )
 
 
-def routes(service: Service) -> APIRouter:
-    """Anthropic's routes over ``service``."""
-    router = APIRouter()
-    pyramid = service.pyramid
+def routes() -> APIRouter:
+    """Anthropic's routes."""
+    out = router(ANTHROPIC)
+    out.add_api_route("/v1/messages", messages, methods=["POST"])
+    out.add_api_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
+    return out
+
+
+def _parse(service: Service, body: dict[str, Any]) -> tuple[MessagesRequest, ChatPrompt]:
+    """The request and its chat, prepared."""
+    try:
+        request = MessagesRequest.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+    request.check_supported()
+    turns, tools = request.turns(), request.tool_request()
     settings = service.settings
+    sampling = request.sampling(settings.sampling)
+    kwargs = request.template_kwargs()
+    chat = service.pyramid.prepare_chat(turns, sampling, tools, settings.chat_template, kwargs)
+    return request, chat
 
-    async def guarded(request: Request, handler: Handler) -> HTTPResponse:
-        """Run ``handler`` on the JSON body, every error answered in Anthropic's shape."""
-        return await json_route(request, handler, _error, empty=b"null")
 
-    def parse(body: dict[str, Any]) -> tuple[MessagesRequest, ChatPrompt]:
-        try:
-            request = MessagesRequest.model_validate(body)
-        except ValidationError as e:
-            raise _first_error(e) from None
-        request.check_supported()
-        turns, tools = request.turns(), request.tool_request()
-        sampling = request.sampling(settings.sampling)
-        kwargs = request.template_kwargs()
-        chat = pyramid.prepare_chat(turns, sampling, tools, settings.chat_template, kwargs)
-        return request, chat
+async def messages(request: Request) -> HTTPResponse:
+    """``POST /v1/messages``: a chat answered as Anthropic's message (or its events)."""
+    service = service_of(request)
+    body = await json_body(request, empty=b"null")
+    if body.get("max_tokens") is None:
+        raise ApiError(400, "max_tokens: Field required")
+    parsed, chat = _parse(service, body)
+    service.check_context(chat.tokens)
+    spec = service.knobs(body)
+    vocab = service.pyramid.vocab
 
-    def knobs(body: dict[str, Any]) -> Any:
-        """The speculative knobs set at the top level of ``body``, on the server's spec."""
-        extra = {k: v for k, v in body.items() if k not in GenerationRequest.model_fields}
-        try:
-            return GenerationRequest.model_validate(extra).spec(service.spec)
-        except ValidationError as e:
-            raise _first_error(e) from None
+    def detokenize(tokens: list[int], special: bool = chat.special) -> str:
+        """As the steps' text is made, piece by piece."""
+        pieces = b"".join(vocab.token_bytes(t, special=special) for t in tokens)
+        return pieces.decode("utf-8", errors="replace")
 
-    async def messages_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        if body.get("max_tokens") is None:
-            raise ApiError(400, "max_tokens: Field required")
-        parsed, chat = parse(body)
-        spec = knobs(body)
+    opened = detokenize(chat.tokens[-PROMPT_TAIL:], True).rstrip().endswith(OPEN)
+    shape = Shape(
+        parsed.model,
+        chat.sampling.stop,
+        detokenize,
+        chat.reader(),
+        thinks=bool(parsed.thinks()),
+        opened=opened,
+    )
+    return await service.answer(request, service.chat_submit(chat, spec), shape, parsed.stream)
 
-        vocab = pyramid.ladder.target.vocab
 
-        def detokenize(tokens: list[int], special: bool = chat.special) -> str:
-            """As the steps' text is made, piece by piece."""
-            pieces = b"".join(vocab.token_bytes(t, special=special) for t in tokens)
-            return pieces.decode("utf-8", errors="replace")
-
-        opened = detokenize(chat.tokens[-PROMPT_TAIL:], True).rstrip().endswith(OPEN)
-        shape = Shape(
-            parsed.model,
-            chat.sampling.stop,
-            detokenize,
-            chat.reader(),
-            thinks=bool(parsed.thinks()),
-            opened=opened,
-        )
-        return await service.answer(request, service.chat_submit(chat, spec), shape, parsed.stream)
-
-    async def count_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        _, chat = parse(body)
-        return JSONResponse({"input_tokens": len(chat.tokens)})
-
-    @router.post("/v1/messages")
-    async def messages(request: Request) -> HTTPResponse:
-        return await guarded(request, messages_route)
-
-    @router.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request) -> HTTPResponse:
-        return await guarded(request, count_route)
-
-    return router
+async def count_tokens(request: Request) -> HTTPResponse:
+    """``POST /v1/messages/count_tokens``: the chat's prompt length."""
+    _, chat = _parse(service_of(request), await json_body(request, empty=b"null"))
+    return JSONResponse({"input_tokens": len(chat.tokens)})

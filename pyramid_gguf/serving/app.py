@@ -5,9 +5,8 @@
 :class:`~.service.Service` (admission by :meth:`Pyramid.submit`, the pyramid's bounded queue;
 each generation read back by a :class:`~.jobs.Reader`): OpenAI's (:mod:`.openai_routes`),
 llama-server's own (:mod:`.llama_server`), OpenAI's Responses API (:mod:`.responses`),
-Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`). Errors are answered in OpenAI's
-shape (:mod:`.http_errors`), except on the Ollama and Anthropic routes, which answer in their
-own. :class:`Server` runs it on uvicorn.
+Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`). Each route answers errors in its
+dialect's shape, chosen by the route (:mod:`.http_errors`). :class:`Server` runs it on uvicorn.
 """
 
 from __future__ import annotations
@@ -57,9 +56,19 @@ def create_app(
     app = FastAPI(title="pyramid-gguf", lifespan=lifespan)
     app.state.service = service
     app.state.pyramid = pyramid
+    app.state.embedder = embedder
     install_error_handlers(app)
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    routers = [
+        openai_routes.routes(),
+        *embeddings.routes(),
+        ollama.routes(),
+        anthropic.routes(),
+        responses.routes(),
+        llama_server.routes(),
+    ]
+    if settings.api_key:  # the dialects' routes: a 401 in the shape of the route asked for
+        routes = [route for r in routers for route in r.routes]
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, routes=routes)
     if settings.cors_origins:  # added last: outermost, so a preflight needs no key
         app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
     started = str(int(time.time()))  # llama-server's Process-Start-Time-Unix
@@ -96,12 +105,8 @@ def create_app(
         async def no_slots() -> None:
             raise ApiError(501, "/slots is off (serve --slots)", type="not_supported_error")
 
-    app.include_router(openai_routes.routes(service))
-    app.include_router(embeddings.routes(embedder, settings))
-    app.include_router(ollama.routes(service))
-    app.include_router(anthropic.routes(service))
-    app.include_router(responses.routes(service))
-    app.include_router(llama_server.routes(service))
+    for dialect in routers:
+        app.include_router(dialect)
     return app
 
 

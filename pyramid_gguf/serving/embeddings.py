@@ -19,19 +19,17 @@
   "load_duration", "prompt_eval_count"}``, and its legacy ``POST /api/embeddings``
   (``prompt`` -> ``{"embedding": [...]}``, not normalised, as Ollama's).
 
-Each dialect answers errors in its own shape (OpenAI's through the app's handlers, Ollama's
-``{"error": ...}``); with no embedding model loaded every route is a 400 saying how to load one.
-The model runs on a worker thread (``asyncio.to_thread``), its calls taking turns.
+Each dialect answers errors in its own shape (OpenAI's, Ollama's ``{"error": ...}``: the
+routers' dialects); with no embedding model loaded every route is a 400 saying how to load one.
+The model runs on a worker thread of the slots' pool, admitted through its one bounded queue
+as every generation (a 503 when it is full, cancelled when the client leaves, stopped by the
+server's shutdown), its calls taking turns.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import hmac
-import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,8 +40,9 @@ from starlette.responses import Response as HTTPResponse
 from ..core.errors import ContextOverflow, UserError
 from ..embeddings import Embedded, Embedder, Input
 from .errors import ApiError
-from .service import json_route
-from .settings import ServerSettings
+from .http_errors import LLAMA, OLLAMA, OPENAI, json_body, router
+from .jobs import ClientGone
+from .service import Service, service_of
 
 NO_MODEL = (
     "no embedding model is loaded: start `pyramid-gguf serve` with --embedding-model FILE.gguf"
@@ -152,162 +151,156 @@ def native_body(result: Embedded) -> list[dict[str, Any]]:
     return [{"index": i, "embedding": r.tolist()} for i, r in enumerate(rows)]
 
 
-async def _json(request: Request) -> dict[str, Any]:
-    """The request's JSON object body, or an :class:`ApiError` 400 (OpenAI's shape)."""
+def routes() -> list[APIRouter]:
+    """Every embedding route, each on its dialect's router (answering how to load a model
+    without one)."""
+    openai, llama, ollama = router(OPENAI), router(LLAMA), router(OLLAMA)
+    openai.add_api_route("/v1/embeddings", v1_embeddings, methods=["POST"])
+    for path in ("/embeddings", "/embedding"):
+        llama.add_api_route(path, native_embeddings, methods=["POST"])
+    ollama.add_api_route("/api/embed", api_embed, methods=["POST"])
+    ollama.add_api_route("/api/embeddings", api_embeddings, methods=["POST"])
+    return [openai, llama, ollama]
+
+
+def _loaded(request: Request) -> tuple[Service, Embedder]:
+    """The request's service and its embedding model (a 400 saying how to load one)."""
+    service = service_of(request)
+    embedder = request.app.state.embedder
+    if embedder is None:
+        raise ApiError(400, NO_MODEL)
+    assert isinstance(embedder, Embedder)
+    return service, embedder
+
+
+async def _run(
+    request: Request, inputs: list[Input], truncate: bool, normalize: int | None
+) -> Embedded | HTTPResponse:
+    """The inputs' vectors, computed on a worker of the slots' pool (admitted through its one
+    bounded queue: a 503 when it is full); a bare 499 when the client left first."""
+    service, model = _loaded(request)
+
+    def task() -> Embedded:
+        return model.run(inputs, truncate=truncate, normalize=normalize)
+
     try:
-        body = json.loads(await request.body() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"We could not parse the JSON body of your request: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
+        return await service.run(request, task)
+    except ClientGone:
+        return HTTPResponse(status_code=499)
+    except ContextOverflow as e:
+        raise ApiError(400, str(e), code="context_length_exceeded") from None
+    except UserError as e:
+        raise ApiError(400, str(e)) from None
 
 
-def _ollama_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+async def _llama_or_openai(request: Request, oai: bool) -> HTTPResponse:
+    body = await json_body(request)
+    _, model = _loaded(request)
+    if "input" in body:
+        value = body["input"]
+    elif "content" in body:  # llama-server's own field: its own answer too
+        value, oai = body["content"], False
+    else:
+        raise ApiError(400, '"input" or "content" must be provided')
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise ApiError(400, f'encoding_format must be "float" or "base64", got {fmt!r}')
+    dims = body.get("dimensions")
+    if dims is not None and dims != model.n_embd:
+        raise ApiError(
+            400,
+            f"dimensions {dims!r} is not supported: this model's vectors have "
+            f"{model.n_embd} (send {model.n_embd} or omit it)",
+            param="dimensions",
+        )
+    if oai and model.pooling == "none":
+        raise ApiError(
+            400,
+            "pooling 'none' gives one vector per token, which OpenAI's shape cannot hold: "
+            "use /embeddings, or start serve with --pooling mean, cls or last",
+        )
+    result = await _run(request, parse_inputs(value), False, _normalize(body))
+    if not isinstance(result, Embedded):
+        return result
+    if not oai:
+        return JSONResponse(native_body(result))
+    return JSONResponse(openai_body(result, model.name, fmt == "base64"))
 
 
-def routes(embedder: Embedder | None, settings: ServerSettings) -> APIRouter:
-    """Every embedding route over ``embedder`` (None: each answers how to load one)."""
-    router = APIRouter()
-    key = settings.api_key.encode() if settings.api_key else None
+async def v1_embeddings(request: Request) -> HTTPResponse:
+    """OpenAI's ``POST /v1/embeddings``."""
+    return await _llama_or_openai(request, oai=True)
 
-    def loaded() -> Embedder:
-        if embedder is None:
-            raise ApiError(400, NO_MODEL)
-        return embedder
 
-    async def run(inputs: list[Input], truncate: bool, normalize: int | None) -> Embedded:
-        model = loaded()
-        try:
-            return await asyncio.to_thread(
-                model.run, inputs, truncate=truncate, normalize=normalize
-            )
-        except ContextOverflow as e:
-            raise ApiError(400, str(e), code="context_length_exceeded") from None
-        except UserError as e:
-            raise ApiError(400, str(e)) from None
+async def native_embeddings(request: Request) -> HTTPResponse:
+    """llama-server's ``POST /embeddings`` and ``/embedding``."""
+    return await _llama_or_openai(request, oai=False)
 
-    async def llama_or_openai(request: Request, oai: bool) -> HTTPResponse:
-        body = await _json(request)
-        model = loaded()
-        if "input" in body:
-            value = body["input"]
-        elif "content" in body:  # llama-server's own field: its own answer too
-            value, oai = body["content"], False
-        else:
-            raise ApiError(400, '"input" or "content" must be provided')
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise ApiError(400, f'encoding_format must be "float" or "base64", got {fmt!r}')
-        dims = body.get("dimensions")
-        if dims is not None and dims != model.n_embd:
-            raise ApiError(
-                400,
-                f"dimensions {dims!r} is not supported: this model's vectors have "
-                f"{model.n_embd} (send {model.n_embd} or omit it)",
-                param="dimensions",
-            )
-        if oai and model.pooling == "none":
-            raise ApiError(
-                400,
-                "pooling 'none' gives one vector per token, which OpenAI's shape cannot hold: "
-                "use /embeddings, or start serve with --pooling mean, cls or last",
-            )
-        result = await run(parse_inputs(value), False, _normalize(body))
-        if not oai:
-            return JSONResponse(native_body(result))
-        return JSONResponse(openai_body(result, model.name, fmt == "base64"))
 
-    @router.post("/v1/embeddings")
-    async def v1_embeddings(request: Request) -> HTTPResponse:
-        return await llama_or_openai(request, oai=True)
-
-    @router.post("/embeddings")
-    async def embeddings(request: Request) -> HTTPResponse:
-        return await llama_or_openai(request, oai=False)
-
-    @router.post("/embedding")
-    async def embedding(request: Request) -> HTTPResponse:
-        return await llama_or_openai(request, oai=False)
-
-    # --- Ollama's --------------------------------------------------------------------------
-
-    def authorized(request: Request) -> bool:
-        """The server's API key (Ollama's routes pass the app's key check and do their own)."""
-        if key is None:
-            return True
-        bearer = request.headers.get("authorization", "").encode()
-        given = request.headers.get("x-api-key", "").encode()
-        return hmac.compare_digest(bearer, b"Bearer " + key) or hmac.compare_digest(given, key)
-
-    def ollama(handler: Callable[[Request, dict[str, Any]], Any]) -> Any:
-        async def route(request: Request) -> HTTPResponse:
-            if not authorized(request):
-                return _ollama_error(
-                    401, "incorrect or missing API key (send Authorization: Bearer KEY)"
-                )
-            return await json_route(request, handler, _ollama_error)
-
-        return route
-
-    def checked_dimensions(body: dict[str, Any], model: Embedder) -> None:
-        dims = body.get("dimensions")
-        if dims not in (None, 0, model.n_embd):
-            raise ApiError(
-                400,
-                f"dimensions {dims!r} is not supported: this model's vectors have {model.n_embd}",
-            )
-
-    async def api_embed(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        started = time.monotonic()
-        model = loaded()
-        value = body.get("input")
-        if isinstance(value, str):
-            inputs: list[Input] = [value] if value else []
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            inputs = list(value)
-        elif value is None:
-            inputs = []
-        else:
-            raise ApiError(400, "input must be a string or a list of strings")
-        truncate = body.get("truncate", True)
-        if not isinstance(truncate, bool):
-            raise ApiError(400, f"truncate must be true or false, got {truncate!r}")
-        checked_dimensions(body, model)
-        name = str(body.get("model") or model.name)
-        if not inputs:  # Ollama's answer to nothing: the model is there, no vectors
-            return JSONResponse({"model": name, "embeddings": []})
-        if model.pooling == "none":
-            raise ApiError(
-                400, "pooling 'none' gives no vector per input: start serve with --pooling mean"
-            )
-        result = await run(inputs, truncate, None)
-        assert isinstance(result.vectors, np.ndarray)
-        return JSONResponse(
-            {
-                "model": name,
-                "embeddings": result.vectors.tolist(),
-                "total_duration": int((time.monotonic() - started) * 1e9),
-                "load_duration": 0,
-                "prompt_eval_count": result.total_tokens,
-            }
+def _checked_dimensions(body: dict[str, Any], model: Embedder) -> None:
+    dims = body.get("dimensions")
+    if dims not in (None, 0, model.n_embd):
+        raise ApiError(
+            400,
+            f"dimensions {dims!r} is not supported: this model's vectors have {model.n_embd}",
         )
 
-    async def api_embeddings(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        model = loaded()
-        prompt = body.get("prompt") or ""
-        if not isinstance(prompt, str):
-            raise ApiError(400, "prompt must be a string")
-        if not prompt:
-            return JSONResponse({"embedding": []})
-        if model.pooling == "none":
-            raise ApiError(
-                400, "pooling 'none' gives no vector per input: start serve with --pooling mean"
-            )
-        result = await run([prompt], False, -1)
-        return JSONResponse({"embedding": result.vectors[0].tolist()})
 
-    router.add_api_route("/api/embed", ollama(api_embed), methods=["POST"])
-    router.add_api_route("/api/embeddings", ollama(api_embeddings), methods=["POST"])
-    return router
+def _pooled(model: Embedder) -> None:
+    if model.pooling == "none":
+        raise ApiError(
+            400, "pooling 'none' gives no vector per input: start serve with --pooling mean"
+        )
+
+
+async def api_embed(request: Request) -> HTTPResponse:
+    """Ollama's ``POST /api/embed``."""
+    started = time.monotonic()
+    body = await json_body(request)
+    _, model = _loaded(request)
+    value = body.get("input")
+    if isinstance(value, str):
+        inputs: list[Input] = [value] if value else []
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        inputs = list(value)
+    elif value is None:
+        inputs = []
+    else:
+        raise ApiError(400, "input must be a string or a list of strings")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ApiError(400, f"truncate must be true or false, got {truncate!r}")
+    _checked_dimensions(body, model)
+    name = str(body.get("model") or model.name)
+    if not inputs:  # Ollama's answer to nothing: the model is there, no vectors
+        return JSONResponse({"model": name, "embeddings": []})
+    _pooled(model)
+    result = await _run(request, inputs, truncate, None)
+    if not isinstance(result, Embedded):
+        return result
+    assert isinstance(result.vectors, np.ndarray)
+    return JSONResponse(
+        {
+            "model": name,
+            "embeddings": result.vectors.tolist(),
+            "total_duration": int((time.monotonic() - started) * 1e9),
+            "load_duration": 0,
+            "prompt_eval_count": result.total_tokens,
+        }
+    )
+
+
+async def api_embeddings(request: Request) -> HTTPResponse:
+    """Ollama's legacy ``POST /api/embeddings``."""
+    body = await json_body(request)
+    _, model = _loaded(request)
+    prompt = body.get("prompt") or ""
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be a string")
+    if not prompt:
+        return JSONResponse({"embedding": []})
+    _pooled(model)
+    result = await _run(request, [prompt], False, -1)
+    if not isinstance(result, Embedded):
+        return result
+    return JSONResponse({"embedding": result.vectors[0].tolist()})

@@ -1,7 +1,8 @@
-"""Errors with no web framework: :class:`ApiError`, answered in OpenAI's shape
-(``{"error": {"message", "type", "param", "code"}}``) or llama-server's (``{"error": {"code":
-<status>, "message", "type"}}``, on its unprefixed routes), and the first of a request body's
-validation errors as one (the server's handlers are in :mod:`.http_errors`)."""
+"""Errors with no web framework: :class:`ApiError`, answered in each dialect's shape: OpenAI's
+(``{"error": {"message", "type", "param", "code"}}``), llama-server's (``{"error": {"code":
+<status>, "message", "type"}}``), Ollama's (``{"error": "..."}``) or Anthropic's (``{"type":
+"error", "error": {"type", "message"}}``), and the first of a request body's validation errors
+as one (the server's handlers, which pick the shape by route, are in :mod:`.http_errors`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,17 @@ LLAMA_TYPES: dict[int, str] = {
     500: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",
+}
+#: Anthropic's error type of each status we answer (``api_error`` otherwise).
+ANTHROPIC_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
 }
 
 
@@ -56,7 +68,17 @@ class ApiError(Exception):
             kind = LLAMA_TYPES.get(self.status, kind)
         return {"error": {"code": self.status, "message": self.message, "type": kind, **self.extra}}
 
+    def ollama_body(self) -> dict[str, Any]:
+        """Ollama's shape: the message alone."""
+        return {"error": self.message}
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's shape: its error type of the status."""
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
     def body(self) -> dict[str, Any]:
+        """OpenAI's shape."""
         return {
             "error": {
                 "message": self.message,

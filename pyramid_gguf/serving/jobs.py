@@ -30,7 +30,8 @@ RETRY_AFTER_SECONDS = 1
 #: Seconds of recent generation over which ``/metrics`` reports tokens per second.
 RATE_WINDOW = 10.0
 
-Deliver = Callable[[Response | BaseException | None], None]
+#: A reader's ``deliver``: a step, a task's value, an error, or the end (None).
+Deliver = Callable[[object], None]
 
 
 def shutting_down() -> ApiError:
@@ -122,7 +123,7 @@ class Reader:
         self._readers.add(self)
         return self
 
-    def deliver(self, item: Response | BaseException | None) -> None:
+    def deliver(self, item: object) -> None:
         """A slot's thread: count and post one item (a step, an error, or the end)."""
         if isinstance(item, Response):
             self._last = item
@@ -157,6 +158,15 @@ class Reader:
             self._readers.discard(self)
             raise item
         assert isinstance(item, Response)
+        return item
+
+    async def result(self) -> object:
+        """A task's one item (what its work delivered first; None when it ended without one);
+        re-raises its error or the one given to :meth:`abort`."""
+        item = await self._items.get()
+        self._readers.discard(self)
+        if isinstance(item, BaseException):
+            raise item
         return item
 
     def close(self) -> None:

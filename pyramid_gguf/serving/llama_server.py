@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import codecs
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
@@ -35,14 +35,15 @@ from starlette.responses import Response as HTTPResponse
 from ..api import GenerationStats, Job, Response, TokenLogprob
 from ..chat import parse_tool_request
 from ..core.errors import UserError
-from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
+from ..core.sampling import MAX_TOP_LOGPROBS, SAMPLER_FIELDS, SamplingConfig
 from ..core.spec import SpecConfig
-from .errors import ApiError, error_of
+from .errors import ApiError
+from .http_errors import LLAMA, router
 from .jobs import Deliver, Reader
 from .openai import timings
-from .openai_routes import check_context, register
+from .openai_routes import register
 from .schemas import ChatCompletionRequest, ChatMessage, GenerationRequest
-from .service import Service, Submit, sse
+from .service import Service, Submit, service_of, sse, stream
 
 #: llama.cpp's ``LLAMA_DEFAULT_SEED``: what ``/props`` shows for a random seed.
 RANDOM_SEED = 0xFFFFFFFF
@@ -152,200 +153,208 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def routes(service: Service) -> APIRouter:
-    """llama-server's simple routes over ``service``."""
-    router = APIRouter()
-    register(router, service, "", llama=True)
-    pyramid = service.pyramid
-    target = pyramid.ladder.target
-    vocab = target.vocab
-    n_ctx = min(m.n_ctx for m in pyramid.ladder.models)
-    eog: list[int] = []  # the vocabulary's end-of-generation tokens, read once when asked
-
-    def end_tokens() -> list[int]:
-        if not eog:
-            eog.extend(t for t in range(target.n_vocab) if vocab.is_eog(t))
-        return eog
-
-    def check_ids(tokens: list[int], param: str) -> None:
-        bad = next((t for t in tokens if not 0 <= t < target.n_vocab), None)
-        if bad is not None:
-            raise ApiError(
-                400,
-                f"{param}: token id {bad} is not in the model's vocabulary "
-                f"(0 to {target.n_vocab - 1})",
-                param=param,
-            )
-
-    @router.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        parts = [body.content] if isinstance(body.content, str) else body.content
-        tokens: list[int] = []
-        first = True
-        for part in parts:
-            if isinstance(part, int):
-                tokens.append(part)
-                continue
-            special = body.add_special and first
-            tokens += vocab.tokenize(part, add_special=special, parse_special=body.parse_special)
-            first = False
-        check_ids(tokens, "content")
-        if not body.with_pieces:
-            return {"tokens": tokens}
-        return {
-            "tokens": [
-                {"id": t, "piece": _piece(vocab.token_bytes(t, special=True))} for t in tokens
-            ]
-        }
-
-    @router.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        check_ids(body.tokens, "tokens")
-        data = b"".join(vocab.token_bytes(t, special=True) for t in body.tokens)
-        return {"content": data.decode("utf-8", errors="replace")}
-
-    @router.post("/apply-template")
-    async def apply_template(body: ApplyTemplateRequest) -> dict[str, Any]:
-        extra = body.model_extra or {}
-        for name, neutral in _REFUSED.items():
-            if name in extra and not any(extra[name] == n for n in neutral):
-                raise ApiError(400, f"{name} is not supported", param=name)
-        try:
-            offered = parse_tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
-        except UserError as e:
-            raise ApiError(400, str(e), param="tools") from None
-        shown = offered.tools if offered is not None and offered.choice.mode != "none" else None
-        prompt = pyramid.apply_chat_template(
-            [m.as_dict() for m in body.messages],
-            service.settings.chat_template,
-            tools=shown,
-            add_generation_prompt=body.add_generation_prompt,
-            template_kwargs=body.chat_template_kwargs,
-        )
-        return {"prompt": prompt}
-
-    async def input_tokens(body: ChatCompletionRequest) -> dict[str, Any]:
-        sampling = body.sampling(service.settings.sampling)
-        messages = [m.as_dict() for m in body.messages]
-        chat = pyramid.prepare_chat(
-            messages,
-            sampling,
-            body.tool_request(),
-            service.settings.chat_template,
-            body.chat_template_kwargs,
-        )
-        return {"input_tokens": len(chat.tokens)}
-
+def routes() -> APIRouter:
+    """llama-server's simple routes."""
+    out = router(LLAMA)
+    register(out, "", llama=True)
+    out.add_api_route("/tokenize", tokenize, methods=["POST"])
+    out.add_api_route("/detokenize", detokenize, methods=["POST"])
+    out.add_api_route("/apply-template", apply_template, methods=["POST"])
     for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
-        router.add_api_route(path, input_tokens, methods=["POST"])
+        out.add_api_route(path, input_tokens, methods=["POST"])
+    for path in ("/completion", "/completions"):
+        out.add_api_route(path, completion, methods=["POST"])
+    out.add_api_route("/slots", slots, methods=["GET"])
+    out.add_api_route("/props", props, methods=["GET"])
+    return out
 
-    def tokens_of(parts: list[str | int]) -> list[int]:
-        """One prompt's tokens: its texts tokenized (BOS before a first text), ids kept."""
-        tokens: list[int] = []
-        for i, part in enumerate(parts):
-            if isinstance(part, str):
-                tokens += vocab.tokenize(part, add_special=i == 0, parse_special=True)
-            else:
-                tokens.append(part)
-        check_ids(tokens, "prompt")
-        check_context(tokens, n_ctx)
-        return tokens
 
-    async def completion(request: Request, body: NativeCompletionRequest) -> HTTPResponse:
-        prompts = [tokens_of(parts) for parts in body.prompt]
-        if len(prompts) > 1 and body.stream:
-            raise ApiError(400, "several prompts are not streamed: send one", param="prompt")
-        sampling, spec = body.sampling(service.settings.sampling), body.spec(service.spec)
-        settings = generation_settings(
-            sampling, spec, body.stream, end_tokens() if sampling.ignore_eos else ()
-        ) | {"n_probs": body.n_probs}
+def _end_tokens(service: Service) -> list[int]:
+    """The vocabulary's end-of-generation tokens (read once, when first asked)."""
+    pyramid = service.pyramid
+    if service.eog is None:
+        service.eog = [t for t in range(pyramid.n_vocab) if pyramid.is_eog(t)]
+    return service.eog
 
-        def submit(tokens: list[int]) -> Submit:
-            def go(deliver: Deliver) -> Job:
-                top = body.top_logprobs()
-                return pyramid.submit(tokens, sampling, spec, deliver=deliver, logprobs=top)
 
-            return go
-
-        def shape(tokens: list[int], index: int) -> NativeShape:
-            text = b"".join(vocab.token_bytes(t, special=True) for t in tokens)
-            return NativeShape(
-                model=service.model_name,
-                prompt=text.decode("utf-8", errors="replace"),
-                settings=settings,
-                stops=sampling.stop,
-                piece=vocab.token_bytes,
-                n_ctx=n_ctx,
-                return_tokens=body.return_tokens,
-                index=index,
-            )
-
-        return await service.answer_all(
-            request,
-            [submit(t) for t in prompts],
-            [shape(t, i) for i, t in enumerate(prompts)],
-            body.stream,
-            join=lambda bodies: bodies[0] if len(bodies) == 1 else list(bodies),
+def _check_ids(service: Service, tokens: list[int], param: str) -> None:
+    n_vocab = service.pyramid.n_vocab
+    bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ApiError(
+            400,
+            f"{param}: token id {bad} is not in the model's vocabulary (0 to {n_vocab - 1})",
+            param=param,
         )
 
-    for path in ("/completion", "/completions"):
-        router.add_api_route(path, completion, methods=["POST"])
 
-    @router.get("/slots")
-    async def slots(fail_on_no_slot: bool = False) -> list[dict[str, Any]]:
-        now = pyramid.snapshot()
-        if fail_on_no_slot and all(now.slot_busy):
-            raise ApiError(503, "no slot available", type="unavailable_error")
-        return [
-            {"id": i, "n_ctx": target.n_ctx, "is_processing": busy, "n_prompt_tokens": held}
-            for i, (busy, held) in enumerate(zip(now.slot_busy, now.slot_cached, strict=True))
-        ]
+async def tokenize(request: Request, body: TokenizeRequest) -> dict[str, Any]:
+    """``POST /tokenize``: texts and ids as the target's token ids (with their pieces)."""
+    service = service_of(request)
+    vocab = service.pyramid.vocab
+    parts = [body.content] if isinstance(body.content, str) else body.content
+    tokens: list[int] = []
+    first = True
+    for part in parts:
+        if isinstance(part, int):
+            tokens.append(part)
+            continue
+        special = body.add_special and first
+        tokens += vocab.tokenize(part, add_special=special, parse_special=body.parse_special)
+        first = False
+    _check_ids(service, tokens, "content")
+    if not body.with_pieces:
+        return {"tokens": tokens}
+    return {
+        "tokens": [{"id": t, "piece": _piece(vocab.token_bytes(t, special=True))} for t in tokens]
+    }
 
-    @router.get("/props")
-    async def props() -> dict[str, Any]:
-        params = _params(service.settings.sampling)
-        template = pyramid.template(service.settings.chat_template)
-        return {
-            "default_generation_settings": {"n_ctx": target.n_ctx, "params": params},
-            "total_slots": pyramid.snapshot().slots,
-            "model_alias": service.model_name,
-            "model_path": str(target.loaded.path),
-            "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": True,
-            "endpoint_props": False,
-            "endpoint_metrics": True,
-            "chat_template": template.source,
-            "bos_token": vocab.token_text(vocab.bos),
-            "eos_token": vocab.token_text(vocab.eos),
-            "build_info": build_info(),
-            "is_sleeping": False,
-        }
 
-    return router
+async def detokenize(request: Request, body: DetokenizeRequest) -> dict[str, Any]:
+    """``POST /detokenize``: token ids as text."""
+    service = service_of(request)
+    _check_ids(service, body.tokens, "tokens")
+    vocab = service.pyramid.vocab
+    data = b"".join(vocab.token_bytes(t, special=True) for t in body.tokens)
+    return {"content": data.decode("utf-8", errors="replace")}
+
+
+async def apply_template(request: Request, body: ApplyTemplateRequest) -> dict[str, Any]:
+    """``POST /apply-template``: a chat's prompt as the template renders it."""
+    service = service_of(request)
+    extra = body.model_extra or {}
+    for name, neutral in _REFUSED.items():
+        if name in extra and not any(extra[name] == n for n in neutral):
+            raise ApiError(400, f"{name} is not supported", param=name)
+    try:
+        offered = parse_tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
+    except UserError as e:
+        raise ApiError(400, str(e), param="tools") from None
+    shown = offered.tools if offered is not None and offered.choice.mode != "none" else None
+    prompt = service.pyramid.apply_chat_template(
+        [m.as_dict() for m in body.messages],
+        service.settings.chat_template,
+        tools=shown,
+        add_generation_prompt=body.add_generation_prompt,
+        template_kwargs=body.chat_template_kwargs,
+    )
+    return {"prompt": prompt}
+
+
+async def input_tokens(request: Request, body: ChatCompletionRequest) -> dict[str, Any]:
+    """``POST /chat/completions/input_tokens``: a chat's prompt length."""
+    service = service_of(request)
+    sampling = body.sampling(service.settings.sampling)
+    messages = [m.as_dict() for m in body.messages]
+    chat = service.pyramid.prepare_chat(
+        messages,
+        sampling,
+        body.tool_request(),
+        service.settings.chat_template,
+        body.chat_template_kwargs,
+    )
+    return {"input_tokens": len(chat.tokens)}
+
+
+def _tokens_of(service: Service, parts: list[str | int]) -> list[int]:
+    """One prompt's tokens: its texts tokenized (BOS before a first text), ids kept; checked
+    against the vocabulary and a slot's context."""
+    vocab = service.pyramid.vocab
+    tokens: list[int] = []
+    for i, part in enumerate(parts):
+        if isinstance(part, str):
+            tokens += vocab.tokenize(part, add_special=i == 0, parse_special=True)
+        else:
+            tokens.append(part)
+    _check_ids(service, tokens, "prompt")
+    service.check_context(tokens)
+    return tokens
+
+
+async def completion(request: Request, body: NativeCompletionRequest) -> HTTPResponse:
+    """The native ``POST /completion``: each prompt continued, in llama-server's shape."""
+    service = service_of(request)
+    pyramid = service.pyramid
+    vocab = pyramid.vocab
+    prompts = [_tokens_of(service, parts) for parts in body.prompt]
+    if len(prompts) > 1 and body.stream:
+        raise ApiError(400, "several prompts are not streamed: send one", param="prompt")
+    sampling, spec = body.sampling(service.settings.sampling), body.spec(service.spec)
+    settings = generation_settings(
+        sampling, spec, body.stream, _end_tokens(service) if sampling.ignore_eos else ()
+    ) | {"n_probs": body.n_probs}
+
+    def submit(tokens: list[int]) -> Submit:
+        def go(deliver: Deliver) -> Job:
+            top = body.top_logprobs()
+            return pyramid.submit(tokens, sampling, spec, deliver=deliver, logprobs=top)
+
+        return go
+
+    def shape(tokens: list[int], index: int) -> NativeShape:
+        text = b"".join(vocab.token_bytes(t, special=True) for t in tokens)
+        return NativeShape(
+            model=service.model_name,
+            prompt=text.decode("utf-8", errors="replace"),
+            settings=settings,
+            stops=sampling.stop,
+            piece=vocab.token_bytes,
+            n_ctx=service.n_ctx,
+            return_tokens=body.return_tokens,
+            index=index,
+        )
+
+    return await service.answer_all(
+        request,
+        [submit(t) for t in prompts],
+        [shape(t, i) for i, t in enumerate(prompts)],
+        body.stream,
+        join=lambda bodies: bodies[0] if len(bodies) == 1 else list(bodies),
+    )
+
+
+async def slots(request: Request, fail_on_no_slot: bool = False) -> list[dict[str, Any]]:
+    """``GET /slots``: each slot's context, whether it is busy, what its cache holds."""
+    service = service_of(request)
+    now = service.pyramid.snapshot()
+    if fail_on_no_slot and all(now.slot_busy):
+        raise ApiError(503, "no slot available", type="unavailable_error")
+    n_ctx = service.pyramid.n_ctx
+    return [
+        {"id": i, "n_ctx": n_ctx, "is_processing": busy, "n_prompt_tokens": held}
+        for i, (busy, held) in enumerate(zip(now.slot_busy, now.slot_cached, strict=True))
+    ]
+
+
+async def props(request: Request) -> dict[str, Any]:
+    """``GET /props``: the default generation settings, slots, template, model and build."""
+    service = service_of(request)
+    pyramid = service.pyramid
+    vocab = pyramid.vocab
+    params = _params(service.settings.sampling)
+    template = pyramid.template(service.settings.chat_template)
+    return {
+        "default_generation_settings": {"n_ctx": pyramid.n_ctx, "params": params},
+        "total_slots": pyramid.snapshot().slots,
+        "model_alias": service.model_name,
+        "model_path": str(pyramid.model_path),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": True,
+        "endpoint_props": False,
+        "endpoint_metrics": True,
+        "chat_template": template.source,
+        "bos_token": vocab.token_text(vocab.bos),
+        "eos_token": vocab.token_text(vocab.eos),
+        "build_info": build_info(),
+        "is_sleeping": False,
+    }
 
 
 def _params(sampling: SamplingConfig) -> dict[str, Any]:
     """llama-server's sampling ``params`` of ``sampling``."""
     return {
         "seed": RANDOM_SEED if sampling.seed is None else sampling.seed,
-        "temperature": sampling.temperature,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "typical_p": sampling.typical_p,
-        "top_n_sigma": sampling.top_n_sigma,
-        "xtc_probability": sampling.xtc_probability,
-        "xtc_threshold": sampling.xtc_threshold,
-        "dynatemp_range": sampling.dynatemp_range,
-        "dynatemp_exponent": sampling.dynatemp_exponent,
-        "repeat_penalty": sampling.repeat_penalty,
-        "repeat_last_n": sampling.repeat_last_n,
-        "presence_penalty": sampling.presence_penalty,
-        "frequency_penalty": sampling.frequency_penalty,
-        "dry_multiplier": sampling.dry_multiplier,
-        "dry_base": sampling.dry_base,
-        "dry_allowed_length": sampling.dry_allowed_length,
-        "dry_penalty_last_n": sampling.dry_penalty_last_n,
+        **{f.name: getattr(sampling, f.name) for f in SAMPLER_FIELDS},
         "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
         "samplers": list(sampling.samplers),
         "n_predict": sampling.max_tokens,
@@ -397,8 +406,13 @@ class NativeShape:
     probs: list[dict[str, Any]] = field(default_factory=list)
 
     def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
-        """The streamed body (:func:`_native_events`)."""
-        return _native_events(reader, first, self)
+        """The streamed body (:func:`_native_events`); an error after the headers went out is
+        an ``error`` chunk."""
+
+        def events(steps: AsyncIterator[Response]) -> AsyncIterator[str]:
+            return _native_events(steps, self)
+
+        return stream(reader, first, events, lambda error: sse(error.body()))
 
     def whole(self, steps: list[Response]) -> dict[str, Any]:
         """The body of the whole answer."""
@@ -490,26 +504,15 @@ def _per(ms: float, n: int) -> float:
     return round(ms / n, 3) if n else 0.0
 
 
-async def _native_events(
-    reader: Reader, first: Response, shape: NativeShape
-) -> AsyncGenerator[str, None]:
+async def _native_events(steps: AsyncIterator[Response], shape: NativeShape) -> AsyncIterator[str]:
     """``/completion``'s stream: a ``data:`` chunk per step with text or tokens, then the last
-    with ``stop: true`` and the totals (no ``[DONE]``, as llama-server's native stream); an
-    error after the headers went out is an ``error`` chunk. Leaving early cancels the
-    generation."""
-    try:
-        step: Response | None = first
-        while step is not None:
-            shape.add(step)
-            if step.text or step.token_ids:
-                yield sse(shape.partial(step))
-            if step.finish_reason is not None:
-                yield sse(shape.final(step, stream=True))
-            step = await reader.next()
-    except Exception as e:
-        yield sse(error_of(e).body())
-    finally:
-        reader.close()
+    with ``stop: true`` and the totals (no ``[DONE]``, as llama-server's native stream)."""
+    async for step in steps:
+        shape.add(step)
+        if step.text or step.token_ids:
+            yield sse(shape.partial(step))
+        if step.finish_reason is not None:
+            yield sse(shape.final(step, stream=True))
 
 
 def _probability(lp: TokenLogprob) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api import PoolSnapshot
+from ..decoding.runtime.batcher import BatchCounters
 from ..embeddings import EmbeddingCounts
 from .jobs import Totals
 
@@ -104,6 +105,7 @@ def collect(
         ),
         Metric("batch_tokens_total", "counter", "Tokens evaluated in batches, by tier.", per_tier),
         _one("decode_seconds_total", "counter", "Time inside llama_decode.", c.seconds),
+        *step_split(c),
         _one(
             "tokens_per_second",
             "gauge",
@@ -123,6 +125,62 @@ def collect(
         _one("requests_completed_total", "counter", "Requests answered.", now.completed),
         _one("requests_cancelled_total", "counter", "Requests cancelled.", now.cancelled),
         _one("requests_rejected_total", "counter", "Requests refused with 503.", now.rejected),
+    ]
+
+
+def step_split(c: BatchCounters) -> list[Metric]:
+    """Where the steps' wall time went while slots ran (the batcher's counters): inside
+    ``llama_decode``, the rest of each batch, the slots' own work between batches and the
+    hand-off to the batch; the same for batches of several slots, and per-slot sums."""
+    parts = (
+        ("llama_decode", c.decode_seconds),
+        ("batch_other", c.seconds - c.decode_seconds),
+        ("slot_work", c.work_seconds),
+        ("handoff", c.handoff_seconds),
+    )
+    shared = (
+        ("llama_decode", c.shared_decode_seconds),
+        ("batch_other", c.shared_seconds - c.shared_decode_seconds),
+        ("between", c.shared_gap_seconds),
+    )
+    return [
+        Metric(
+            "step_seconds_total",
+            "counter",
+            "Wall time of the steps while slots ran, by part.",
+            tuple((f'{{part="{k}"}}', v) for k, v in parts),
+        ),
+        Metric(
+            "shared_step_seconds_total",
+            "counter",
+            "Wall time of batches of several slots and the gaps before them, by part.",
+            tuple((f'{{part="{k}"}}', v) for k, v in shared),
+        ),
+        _one("shared_steps_total", "counter", "Batches of several slots.", c.shared_batches),
+        _one(
+            "shared_step_outside_ratio",
+            "gauge",
+            "Share of the several-slot steps' time outside llama_decode.",
+            c.outside(),
+        ),
+        _one(
+            "gather_seconds_total",
+            "counter",
+            "Time ready batches waited for arriving requests.",
+            c.gather_seconds,
+        ),
+        _one(
+            "slot_wake_seconds_total",
+            "counter",
+            "Per slot, summed: from a batch's end until its thread ran again.",
+            c.wake_seconds,
+        ),
+        _one(
+            "slot_work_seconds_total",
+            "counter",
+            "Per slot, summed: from its rows back until it asked again (sampling, delivery).",
+            c.slot_seconds,
+        ),
     ]
 
 

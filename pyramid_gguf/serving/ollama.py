@@ -7,13 +7,14 @@ generation takes the one request path: a chat (``/api/generate`` without ``raw``
 chat of its ``system`` and ``prompt``) is prepared by :meth:`Pyramid.prepare_chat
 <pyramid_gguf.api.Pyramid.prepare_chat>` and admitted by the :class:`~.service.Service`, so the
 slots, the queue's 503 and the speculative knobs apply as on OpenAI's routes. ``options`` map
-onto :class:`~pyramid_gguf.core.sampling.SamplingConfig` (``temperature``, ``top_k``,
-``top_p``, ``min_p``, ``typical_p``, the penalties ``repeat_penalty``, ``presence_penalty``,
-``frequency_penalty`` over the last ``repeat_last_n`` tokens, ``seed``, ``num_predict``,
-``stop``); an option that would change the answer and that we do not honour (``mirostat``,
-``tfs_z``) is a 400 unless it has its neutral value; load-time options (``num_ctx``,
-``num_gpu``...) are the server's and ignored, as are names Ollama does not know (Ollama only
-warns of them; ``penalize_newline`` too, which llama.cpp's samplers no longer have).
+onto :class:`~pyramid_gguf.core.sampling.SamplingConfig` (the sampler table's ``ollama``
+names: ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, the penalties
+``repeat_penalty``, ``presence_penalty``, ``frequency_penalty`` over the last
+``repeat_last_n`` tokens; then ``seed``, ``num_predict``, ``stop``); an option that would
+change the answer and that we do not honour (``mirostat``, ``tfs_z``) is a 400 unless it has
+its neutral value; load-time options (``num_ctx``, ``num_gpu``...) are the server's and
+ignored, as are names Ollama does not know (Ollama only warns of them; ``penalize_newline``
+too, which llama.cpp's samplers no longer have).
 ``format`` (``"json"`` or a JSON schema) is the answer's grammar; ``tools`` are answered as
 ``message.tool_calls`` with ``arguments`` as objects (the calls come whole in the last line of
 a stream). The speculative knobs (``mode``, ``l_d``...) and ``tool_choice`` are taken at the
@@ -21,8 +22,9 @@ top level of a body, as on OpenAI's routes (extensions: Ollama has neither). Eac
 last object carries Ollama's counts and durations (nanoseconds) and llama-server's
 ``timings``.
 
-Errors are Ollama's shape, ``{"error": "..."}`` (a streamed one is a last line of that shape);
-the server's API key, when set, is checked here too. Ollama's model management (pull, push,
+Errors are Ollama's shape, ``{"error": "..."}`` (a streamed one is a last line of that shape),
+the server's API key's 401 too; a prompt over a slot's context is refused before admission.
+Ollama's model management (pull, push,
 create, copy, delete) is a clear error: the server serves the ladder it loaded, and
 pyramid-gguf fetches models by its own names (``pyramid-gguf pull``). ``/api/embed`` and
 ``/api/embeddings`` are :mod:`.embeddings`' (``serve --embedding-model``).
@@ -30,31 +32,29 @@ pyramid-gguf fetches models by its own names (``pyramid-gguf pull``). ``/api/emb
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.responses import Response as HTTPResponse
 
 from ..api import ChatPrompt, GenerationStats, Response
 from ..chat import CallStream, Message, parse_tool_request
 from ..core.errors import UserError
 from ..core.grammar import Grammar
-from ..core.sampling import SamplingConfig
+from ..core.sampling import SAMPLER_FIELDS, SamplingConfig, sampler_changes
 from ..grammar import check_grammar
-from .errors import ApiError, error_of
+from .errors import ApiError
+from .http_errors import OLLAMA, json_body, router
 from .jobs import Reader
 from .openai import timings
-from .schemas import GenerationRequest
-from .service import Handler, Service, json_route
+from .service import Service, service_of, stream
 
 NDJSON = "application/x-ndjson"
 
@@ -63,34 +63,15 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
     "tfs_z": (1, 1.0),
     "mirostat": (0,),
 }
-#: Options of the load or of features that change nothing here: accepted and ignored.
-IGNORED = frozenset(
-    {
-        "numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
-        "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread",
-        "num_keep", "mirostat_tau", "mirostat_eta", "penalize_newline",
-    }
-)  # fmt: skip
-#: Options we map: name -> (the SamplingConfig field, the type it must have).
-MAPPED: dict[str, tuple[str, type | tuple[type, ...]]] = {
-    "temperature": ("temperature", (int, float)),
-    "top_k": ("top_k", int),
-    "top_p": ("top_p", (int, float)),
-    "min_p": ("min_p", (int, float)),
-    "typical_p": ("typical_p", (int, float)),
-    "repeat_penalty": ("repeat_penalty", (int, float)),
-    "presence_penalty": ("presence_penalty", (int, float)),
-    "frequency_penalty": ("frequency_penalty", (int, float)),
-    "repeat_last_n": ("repeat_last_n", int),
-    "seed": ("seed", int),
-    "num_predict": ("max_tokens", int),
+#: Options beside the sampler table's (:data:`~pyramid_gguf.core.sampling.SAMPLER_FIELDS`,
+#: its ``ollama`` names): name -> the SamplingConfig field.
+OTHER_OPTIONS = {"seed": "seed", "num_predict": "max_tokens"}
+#: A SamplingConfig error's flag -> the option it came as.
+OPTION_OF_FLAG = {f.flag: f.ollama for f in SAMPLER_FIELDS if f.ollama} | {
+    "--seed": "seed",
+    "--max-tokens": "num_predict",
 }
 MANAGED = ("pull", "push", "create", "copy", "delete")
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """An error in Ollama's shape."""
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _now() -> str:
@@ -110,39 +91,39 @@ def _same(value: Any, neutral: tuple[Any, ...]) -> bool:
 
 def sampling_of(options: Any, base: SamplingConfig, num_ctx: int) -> SamplingConfig:
     """``base`` with Ollama's ``options`` applied (an :class:`ApiError` 400 naming the option
-    for a bad value or one we do not honour). ``num_predict`` -1 or -2 (no limit, fill the
-    context) is ``num_ctx`` tokens."""
+    for a bad value or one we do not honour): the sampler table's options, ``seed``,
+    ``num_predict`` (-1 or -2, no limit or fill the context: ``num_ctx`` tokens) and ``stop``."""
     if options is None:
         return base
     if not isinstance(options, dict):
         raise ApiError(400, "options must be an object")
-    changes: dict[str, Any] = {}
     for name, value in options.items():
-        if value is None or name in IGNORED:
+        if name in UNHONOURED and value is not None and not _same(value, UNHONOURED[name]):
+            neutral = UNHONOURED[name][0]
+            raise ApiError(400, f"option {name} is not supported (send {neutral} or omit it)")
+    try:
+        changes = sampler_changes(options, "ollama", prefix="option ")
+    except UserError as e:
+        raise ApiError(400, str(e)) from None
+    for name, field in OTHER_OPTIONS.items():
+        value = options.get(name)
+        if value is None:
             continue
-        if name in UNHONOURED:
-            if not _same(value, UNHONOURED[name]):
-                neutral = UNHONOURED[name][0]
-                raise ApiError(400, f"option {name} is not supported (send {neutral} or omit it)")
-        elif name in MAPPED:
-            field, kind = MAPPED[name]
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise ApiError(400, f"option {name} must be a number, got {value!r}")
-            if name == "num_predict" and value in (-1, -2):
-                value = num_ctx
-            changes[field] = value
-        elif name == "stop":
-            stops = [value] if isinstance(value, str) else value
-            if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-                raise ApiError(400, "option stop must be a string or a list of strings")
-            changes["stop"] = tuple(stops)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(400, f"option {name} must be an integer, got {value!r}")
+        changes[field] = num_ctx if name == "num_predict" and value in (-1, -2) else value
+    stop = options.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ApiError(400, "option stop must be a string or a list of strings")
+        changes["stop"] = tuple(stops)
     try:
         return base.with_(**changes) if changes else base
-    except UserError as e:  # "--top-p must be in (0, 1]": name the option, not the flag
-        flag = re.match(r"--([a-z-]+)", str(e))
-        name = flag.group(1).replace("-", "_") if flag else ""
-        option = {"max_tokens": "num_predict", "typical": "typical_p"}.get(name, name)
-        message = f"option {option}{str(e)[flag.end() :]}" if flag else str(e)
+    except UserError as e:  # "--max-tokens must be at least 1": name the option, not the flag
+        flag = re.match(r"--[a-z-]+", str(e))
+        option = OPTION_OF_FLAG.get(flag.group(0)) if flag else None
+        message = f"option {option}{str(e)[flag.end() :]}" if flag and option else str(e)
         raise ApiError(400, message) from None
 
 
@@ -274,204 +255,193 @@ class Answer:
             text, calls = message.content or "", tool_calls(message)
         return self.last(text, steps[-1], calls)
 
-    async def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
-        """The NDJSON body; leaving early (client gone) cancels the generation."""
-        try:
-            step: Response | None = first
-            while step is not None:
-                if step.finish_reason is not None:
-                    text, calls = step.text, None
-                    if self.calls is not None:
-                        delta = self.calls.feed(step.text)
-                        message, last = self.calls.finish()
-                        text, calls = delta.content + last.content, tool_calls(message)
-                    yield _ndjson(self.last(text, step, calls))
-                else:
-                    text = self.calls.feed(step.text).content if self.calls else step.text
-                    if text:
-                        yield _ndjson(self.line(text))
-                step = await reader.next()
-        except Exception as e:  # after the headers went out: the error is the last line
-            yield _ndjson({"error": error_of(e).message})
-        finally:
-            reader.close()
+    def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
+        """The NDJSON body; an error after the headers went out is its last line."""
+        return stream(reader, first, self._lines, lambda error: _ndjson(error.ollama_body()))
+
+    async def _lines(self, steps: AsyncIterator[Response]) -> AsyncIterator[str]:
+        async for step in steps:
+            if step.finish_reason is not None:
+                text, calls = step.text, None
+                if self.calls is not None:
+                    delta = self.calls.feed(step.text)
+                    message, last = self.calls.finish()
+                    text, calls = delta.content + last.content, tool_calls(message)
+                yield _ndjson(self.last(text, step, calls))
+            else:
+                text = self.calls.feed(step.text).content if self.calls else step.text
+                if text:
+                    yield _ndjson(self.line(text))
 
 
 def _ndjson(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-def routes(service: Service) -> APIRouter:
-    """Ollama's routes over ``service``."""
-    router = APIRouter()
-    pyramid = service.pyramid
-    settings = service.settings
-    key = settings.api_key.encode() if settings.api_key else None
-
-    def authorized(request: Request) -> bool:
-        """The server's API key, as ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``."""
-        if key is None:
-            return True
-        bearer = request.headers.get("authorization", "").encode()
-        given = request.headers.get("x-api-key", "").encode()
-        return hmac.compare_digest(bearer, b"Bearer " + key) or hmac.compare_digest(given, key)
-
-    async def guarded(request: Request, handler: Handler) -> HTTPResponse:
-        """Run ``handler`` on the JSON body, every error answered in Ollama's shape."""
-        if not authorized(request):
-            return _error(401, "incorrect or missing API key (send Authorization: Bearer KEY)")
-        return await json_route(request, handler, _error)
-
-    def knobs(body: dict[str, Any]) -> Any:
-        """The speculative knobs set at the top level of ``body``, on the server's spec."""
-        extra = {k: v for k, v in body.items() if k not in GenerationRequest.model_fields}
-        try:
-            request = GenerationRequest.model_validate(extra)
-        except ValidationError as e:
-            raise ApiError(400, str(e.errors()[0].get("msg"))) from None
-        return request.spec(service.spec)
-
-    def sampling(body: dict[str, Any]) -> SamplingConfig:
-        n_ctx = pyramid.ladder.target.n_ctx
-        base = sampling_of(body.get("options"), settings.sampling, n_ctx)
-        grammar = grammar_of(body.get("format"))
-        return base.with_(grammar=grammar) if grammar is not None else base
-
-    async def run(
-        request: Request, body: dict[str, Any], chat: ChatPrompt, answer: Answer
-    ) -> HTTPResponse:
-        submit = service.chat_submit(chat, knobs(body))
-        stream = body.get("stream") is not False
-        return await service.answer(request, submit, answer, stream, media_type=NDJSON)
-
-    def loaded(body: dict[str, Any], chat: bool) -> JSONResponse:
-        """Ollama's answer to an empty prompt: the model is loaded, nothing is generated."""
-        out: dict[str, Any] = {"model": body.get("model") or service.model_name}
-        out |= {"created_at": _now()}
-        out |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-        return JSONResponse(out | {"done": True, "done_reason": "load"})
-
-    async def chat_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        _check(body, {"think": "think is not supported", "logprobs": "logprobs is not supported"})
-        if not body.get("messages"):
-            return loaded(body, chat=True)
-        messages = messages_of(body["messages"])
-        try:
-            tools = parse_tool_request(body.get("tools"), body.get("tool_choice"))
-        except UserError as e:
-            raise ApiError(400, str(e)) from None
-        prepared = pyramid.prepare_chat(messages, sampling(body), tools, settings.chat_template)
-        answer = Answer(str(body.get("model") or service.model_name), True, prepared.reader())
-        return await run(request, body, prepared, answer)
-
-    async def generate_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        _check(
-            body,
-            {
-                "suffix": "suffix (fill-in-the-middle) is not supported",
-                "template": "template is not supported: the model's chat template is used",
-                "context": "context is not supported: send the whole prompt",
-                "images": "images are not supported",
-                "think": "think is not supported",
-                "logprobs": "logprobs is not supported",
-            },
-        )
-        prompt, system = body.get("prompt") or "", body.get("system") or ""
-        if not isinstance(prompt, str) or not isinstance(system, str):
-            raise ApiError(400, "prompt and system must be strings")
-        if not prompt:
-            return loaded(body, chat=False)
-        answer = Answer(str(body.get("model") or service.model_name), False, None)
-        if body.get("raw") is True:
-            prepared = ChatPrompt(pyramid.tokenize(prompt), sampling(body))
-        else:
-            turns = [{"role": "system", "content": system}] if system else []
-            turns.append({"role": "user", "content": prompt})
-            prepared = pyramid.prepare_chat(turns, sampling(body), None, settings.chat_template)
-        return await run(request, body, prepared, answer)
-
-    def details() -> dict[str, Any]:
-        info = pyramid.ladder.target.loaded.metadata()
-        arch = info.get("general.architecture", "")
-        return {
-            "parent_model": "",
-            "format": "gguf",
-            "family": arch,
-            "families": [arch] if arch else None,
-            "parameter_size": info.get("general.size_label", ""),
-            "quantization_level": info.get("general.file_type", ""),
-        }
-
-    def card() -> dict[str, Any]:
-        size = sum(t.loaded.path.stat().st_size for t in pyramid.ladder.models)
-        name = service.model_name
-        return {"name": name, "model": name, "size": size, "digest": "", "details": details()}
-
-    @router.post("/api/chat")
-    async def api_chat(request: Request) -> HTTPResponse:
-        return await guarded(request, chat_route)
-
-    @router.post("/api/generate")
-    async def api_generate(request: Request) -> HTTPResponse:
-        return await guarded(request, generate_route)
-
-    @router.get("/api/tags")
-    async def api_tags(request: Request) -> HTTPResponse:
-        if not authorized(request):
-            return _error(401, "incorrect or missing API key (send Authorization: Bearer KEY)")
-        models = [card() | {"modified_at": _now()}]
-        if service.embedding is not None:  # what /api/embed answers with
-            e = service.embedding
-            models.append(
-                {"name": e.name, "model": e.name, "size": e.path.stat().st_size, "digest": ""}
-                | {"details": {"format": "gguf", "family": "embedding"}, "modified_at": _now()}
-            )
-        return JSONResponse({"models": models})
-
-    @router.get("/api/ps")
-    async def api_ps(request: Request) -> HTTPResponse:
-        if not authorized(request):
-            return _error(401, "incorrect or missing API key (send Authorization: Bearer KEY)")
-        loaded_card = card() | {"expires_at": "9999-12-31T23:59:59Z", "size_vram": 0}
-        return JSONResponse({"models": [loaded_card]})
-
-    async def show_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        template = pyramid.template(settings.chat_template)
-        capabilities = ["completion", "tools"]  # any template: the generic format otherwise
-        info = pyramid.ladder.target.loaded.metadata()
-        return JSONResponse(
-            {
-                "modelfile": "",
-                "parameters": "",
-                "template": template.source,
-                "details": details(),
-                "model_info": {k: v for k, v in info.items() if k != "tokenizer.chat_template"},
-                "capabilities": capabilities,
-                "modified_at": _now(),
-                "pyramid": {"mode": service.spec.mode, "tiers": pyramid.ladder.tier_names},
-            }
-        )
-
-    @router.post("/api/show")
-    async def api_show(request: Request) -> HTTPResponse:
-        return await guarded(request, show_route)
-
-    @router.get("/api/version")
-    async def api_version() -> dict[str, str]:
-        return {"version": _version()}
-
-    def managed(action: str) -> Any:
-        async def refuse(request: Request) -> HTTPResponse:
-            what = f"pyramid-gguf does not manage models by Ollama name ({action})"
-            return _error(
-                501,
-                f"{what}: this server serves the ladder it loaded, {service.model_name!r}; "
-                "fetch models with `pyramid-gguf pull` and start `pyramid-gguf serve` with them",
-            )
-
-        return refuse
-
+def routes() -> APIRouter:
+    """Ollama's routes."""
+    out = router(OLLAMA)
+    out.add_api_route("/api/chat", api_chat, methods=["POST"])
+    out.add_api_route("/api/generate", api_generate, methods=["POST"])
+    out.add_api_route("/api/tags", api_tags, methods=["GET"])
+    out.add_api_route("/api/ps", api_ps, methods=["GET"])
+    out.add_api_route("/api/show", api_show, methods=["POST"])
+    out.add_api_route("/api/version", api_version, methods=["GET"])
     for action in MANAGED:
         method = "DELETE" if action == "delete" else "POST"
-        router.add_api_route(f"/api/{action}", managed(action), methods=[method])
-    return router
+        out.add_api_route(f"/api/{action}", _managed(action), methods=[method])
+    return out
+
+
+def _sampling(service: Service, body: dict[str, Any]) -> SamplingConfig:
+    """The request's sampling: its ``options`` and ``format`` on the server's."""
+    base = sampling_of(body.get("options"), service.settings.sampling, service.n_ctx)
+    grammar = grammar_of(body.get("format"))
+    return base.with_(grammar=grammar) if grammar is not None else base
+
+
+async def _run(
+    request: Request, body: dict[str, Any], chat: ChatPrompt, answer: Answer
+) -> HTTPResponse:
+    """A prepared chat answered through the service, streamed unless ``stream`` is false."""
+    service = service_of(request)
+    service.check_context(chat.tokens)
+    submit = service.chat_submit(chat, service.knobs(body))
+    stream = body.get("stream") is not False
+    return await service.answer(request, submit, answer, stream, media_type=NDJSON)
+
+
+def _loaded(service: Service, body: dict[str, Any], chat: bool) -> JSONResponse:
+    """Ollama's answer to an empty prompt: the model is loaded, nothing is generated."""
+    out: dict[str, Any] = {"model": body.get("model") or service.model_name}
+    out |= {"created_at": _now()}
+    out |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return JSONResponse(out | {"done": True, "done_reason": "load"})
+
+
+async def api_chat(request: Request) -> HTTPResponse:
+    """``POST /api/chat``: a chat turn, NDJSON lines unless ``stream`` is false."""
+    service = service_of(request)
+    body = await json_body(request)
+    _check(body, {"think": "think is not supported", "logprobs": "logprobs is not supported"})
+    if not body.get("messages"):
+        return _loaded(service, body, chat=True)
+    messages = messages_of(body["messages"])
+    try:
+        tools = parse_tool_request(body.get("tools"), body.get("tool_choice"))
+    except UserError as e:
+        raise ApiError(400, str(e)) from None
+    template = service.settings.chat_template
+    prepared = service.pyramid.prepare_chat(messages, _sampling(service, body), tools, template)
+    answer = Answer(str(body.get("model") or service.model_name), True, prepared.reader())
+    return await _run(request, body, prepared, answer)
+
+
+async def api_generate(request: Request) -> HTTPResponse:
+    """``POST /api/generate``: a prompt answered as a chat of its ``system`` and ``prompt``
+    (``raw``: continued as it is)."""
+    service = service_of(request)
+    body = await json_body(request)
+    _check(
+        body,
+        {
+            "suffix": "suffix (fill-in-the-middle) is not supported",
+            "template": "template is not supported: the model's chat template is used",
+            "context": "context is not supported: send the whole prompt",
+            "images": "images are not supported",
+            "think": "think is not supported",
+            "logprobs": "logprobs is not supported",
+        },
+    )
+    prompt, system = body.get("prompt") or "", body.get("system") or ""
+    if not isinstance(prompt, str) or not isinstance(system, str):
+        raise ApiError(400, "prompt and system must be strings")
+    if not prompt:
+        return _loaded(service, body, chat=False)
+    answer = Answer(str(body.get("model") or service.model_name), False, None)
+    pyramid, sampling = service.pyramid, _sampling(service, body)
+    if body.get("raw") is True:
+        prepared = ChatPrompt(pyramid.tokenize(prompt), sampling)
+    else:
+        turns = [{"role": "system", "content": system}] if system else []
+        turns.append({"role": "user", "content": prompt})
+        prepared = pyramid.prepare_chat(turns, sampling, None, service.settings.chat_template)
+    return await _run(request, body, prepared, answer)
+
+
+def _details(service: Service) -> dict[str, Any]:
+    info = service.pyramid.metadata()
+    arch = info.get("general.architecture", "")
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": arch,
+        "families": [arch] if arch else None,
+        "parameter_size": info.get("general.size_label", ""),
+        "quantization_level": info.get("general.file_type", ""),
+    }
+
+
+def _card(service: Service) -> dict[str, Any]:
+    size = sum(t.size for t in service.pyramid.tiers())
+    name = service.model_name
+    return {"name": name, "model": name, "size": size, "digest": "", "details": _details(service)}
+
+
+async def api_tags(request: Request) -> HTTPResponse:
+    """``GET /api/tags``: the ladder, and the embedding model when one is loaded."""
+    service = service_of(request)
+    models = [_card(service) | {"modified_at": _now()}]
+    if service.embedding is not None:  # what /api/embed answers with
+        e = service.embedding
+        models.append(
+            {"name": e.name, "model": e.name, "size": e.path.stat().st_size, "digest": ""}
+            | {"details": {"format": "gguf", "family": "embedding"}, "modified_at": _now()}
+        )
+    return JSONResponse({"models": models})
+
+
+async def api_ps(request: Request) -> HTTPResponse:
+    """``GET /api/ps``: the loaded ladder."""
+    loaded = _card(service_of(request)) | {"expires_at": "9999-12-31T23:59:59Z", "size_vram": 0}
+    return JSONResponse({"models": [loaded]})
+
+
+async def api_show(request: Request) -> HTTPResponse:
+    """``POST /api/show``: the ladder's template, details and metadata."""
+    service = service_of(request)
+    await json_body(request)
+    pyramid = service.pyramid
+    template = pyramid.template(service.settings.chat_template)
+    capabilities = ["completion", "tools"]  # any template: the generic format otherwise
+    info = pyramid.metadata()
+    return JSONResponse(
+        {
+            "modelfile": "",
+            "parameters": "",
+            "template": template.source,
+            "details": _details(service),
+            "model_info": {k: v for k, v in info.items() if k != "tokenizer.chat_template"},
+            "capabilities": capabilities,
+            "modified_at": _now(),
+            "pyramid": {"mode": service.spec.mode, "tiers": pyramid.ladder.tier_names},
+        }
+    )
+
+
+async def api_version() -> dict[str, str]:
+    """``GET /api/version``."""
+    return {"version": _version()}
+
+
+def _managed(action: str) -> Any:
+    async def refuse(request: Request) -> HTTPResponse:
+        what = f"pyramid-gguf does not manage models by Ollama name ({action})"
+        name = service_of(request).model_name
+        raise ApiError(
+            501,
+            f"{what}: this server serves the ladder it loaded, {name!r}; "
+            "fetch models with `pyramid-gguf pull` and start `pyramid-gguf serve` with them",
+        )
+
+    return refuse

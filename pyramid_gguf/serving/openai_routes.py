@@ -3,7 +3,7 @@
 :func:`register` adds the same handlers for llama-server's dialect (its unprefixed ``/models``
 and ``/chat/completions``: :mod:`.llama_server`, whose ``/completions`` is its native one), which
 also refuses a chat ending in two assistant messages, as llama-server does. A prompt over a
-slot's context is a 400 before anything runs (:func:`check_context`).
+slot's context is a 400 before anything runs (:meth:`.service.Service.check_context`).
 
 Bodies are parsed by :mod:`.schemas`, chats prepared by :meth:`Pyramid.prepare_chat
 <pyramid_gguf.api.Pyramid.prepare_chat>`, generations answered by the :class:`~.service.Service`
@@ -13,7 +13,7 @@ Bodies are parsed by :mod:`.schemas`, chats prepared by :meth:`Pyramid.prepare_c
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,66 +23,56 @@ from starlette.responses import Response as HTTPResponse
 from ..api import Job, Prompt, Response, TokenLogprob
 from ..chat import CallStream
 from . import choices
-from .errors import ApiError, context_exceeded, error_of
+from .errors import ApiError
+from .http_errors import LLAMA, OPENAI, dialect_of, router
 from .jobs import Deliver, Reader
 from .openai import ResponseShape
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from .service import Service, Submit, sse
+from .service import Submit, service_of, sse, stream
 
 #: Admits choice ``i``'s generation, given its reader's ``deliver``.
 ChoiceSubmit = Callable[[Deliver, int], Job]
 
 
 async def _events(
-    reader: Reader,
-    first: Response,
+    steps: AsyncIterator[Response],
     shape: ResponseShape,
     calls: CallStream | None,
     llama: bool = False,
-) -> AsyncGenerator[str, None]:
-    """The SSE body; leaving early (client gone) cancels the generation. With ``calls`` the
-    text is read as content and tool calls, streamed as ``delta.tool_calls``. An error after
-    the headers went out is an ``error`` event (in llama-server's shape when ``llama``)."""
-    try:
-        if shape.chat:
-            role = shape.chunk("", role=True)
-            if llama:  # llama-server's role chunk has a null content, OpenAI's an empty one
-                role["choices"][0]["delta"]["content"] = None
-            yield sse(role)
-        step: Response | None = first
-        held: list[TokenLogprob] = []  # tokens whose text is held back (half a character)
-        while step is not None:
-            held += step.logprobs
-            if step.finish_reason is not None:
-                text, called = step.text, False
-                deltas: tuple[dict[str, Any], ...] = ()
-                if calls is not None:
-                    calls.feed(step.text)
-                    message, last = calls.finish()
-                    text, deltas, called = last.content, last.tool_calls, bool(message.calls)
-                yield sse(
-                    shape.final_chunk(
-                        text, step.finish_reason, step.stats, held, tool_calls=deltas, called=called
-                    )
+) -> AsyncIterator[str]:
+    """The SSE events of a choice's ``steps``. With ``calls`` the text is read as content and
+    tool calls, streamed as ``delta.tool_calls``."""
+    if shape.chat:
+        role = shape.chunk("", role=True)
+        if llama:  # llama-server's role chunk has a null content, OpenAI's an empty one
+            role["choices"][0]["delta"]["content"] = None
+        yield sse(role)
+    held: list[TokenLogprob] = []  # tokens whose text is held back (half a character)
+    async for step in steps:
+        held += step.logprobs
+        if step.finish_reason is not None:
+            text, called = step.text, False
+            deltas: tuple[dict[str, Any], ...] = ()
+            if calls is not None:
+                calls.feed(step.text)
+                message, last = calls.finish()
+                text, deltas, called = last.content, last.tool_calls, bool(message.calls)
+            yield sse(
+                shape.final_chunk(
+                    text, step.finish_reason, step.stats, held, tool_calls=deltas, called=called
                 )
-                if shape.include_usage:
-                    yield sse(shape.usage_chunk(step.stats))
-            elif calls is not None:
-                delta = calls.feed(step.text)
-                if delta.content or delta.tool_calls or held:
-                    content = delta.content or None
-                    yield sse(shape.chunk(content, logprobs=held, tool_calls=delta.tool_calls))
-                    held = []
-            elif step.text:
-                yield sse(shape.chunk(step.text, logprobs=held))
+            )
+            if shape.include_usage:
+                yield sse(shape.usage_chunk(step.stats))
+        elif calls is not None:
+            delta = calls.feed(step.text)
+            if delta.content or delta.tool_calls or held:
+                content = delta.content or None
+                yield sse(shape.chunk(content, logprobs=held, tool_calls=delta.tool_calls))
                 held = []
-            step = await reader.next()
-    except Exception as e:  # an error after the headers went out: report it in the stream
-        error = error_of(e)
-        yield sse(error.llama_body() if llama else error.body())
-    finally:
-        reader.close()  # no-op once finished; stops the generation if the client left
-    yield sse("[DONE]")
+        elif step.text:
+            yield sse(shape.chunk(step.text, logprobs=held))
+            held = []
 
 
 @dataclass
@@ -95,8 +85,17 @@ class Choice:
     calls: CallStream | None = None
     llama: bool = False
 
-    def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
-        return _events(reader, first, self.shape, self.calls, self.llama)
+    def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
+        """The SSE body, then ``[DONE]``; an error after the headers went out is an ``error``
+        event (in llama-server's shape when ``llama``)."""
+
+        def late(error: ApiError) -> str:
+            return sse(error.llama_body() if self.llama else error.body())
+
+        def events(steps: AsyncIterator[Response]) -> AsyncIterator[str]:
+            return _events(steps, self.shape, self.calls, self.llama)
+
+        return stream(reader, first, events, late, end=sse("[DONE]"))
 
     def whole(self, steps: list[Response]) -> dict[str, Any]:
         text = "".join(s.text for s in steps)
@@ -106,18 +105,20 @@ class Choice:
         return self.shape.full(text, last.finish_reason, last.stats, logprobs, message)
 
 
-def routes(service: Service) -> APIRouter:
-    """OpenAI's routes over ``service``, under ``/v1``."""
-    router = APIRouter()
-    register(router, service, "/v1")
-    return router
+def routes() -> APIRouter:
+    """OpenAI's routes, under ``/v1``."""
+    out = router(OPENAI)
+    register(out, "/v1")
+    return out
 
 
-def check_context(tokens: Sequence[int], n_ctx: int) -> None:
-    """A 400 (:func:`~.errors.context_exceeded`) when a prompt of ``tokens`` leaves no room in
-    a slot's ``n_ctx`` tokens."""
-    if len(tokens) >= n_ctx:
-        raise context_exceeded(len(tokens), n_ctx)
+def register(out: APIRouter, prefix: str, *, llama: bool = False) -> None:
+    """Add OpenAI's three routes to ``out`` under ``prefix``; ``llama``: llama-server's
+    dialect, only ``/models`` and ``/chat/completions``."""
+    out.add_api_route(f"{prefix}/models", models, methods=["GET"])
+    if not llama:
+        out.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+    out.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
 
 
 def check_turns(messages: Sequence[dict[str, Any]]) -> None:
@@ -132,94 +133,94 @@ def check_turns(messages: Sequence[dict[str, Any]]) -> None:
         )
 
 
-def register(router: APIRouter, service: Service, prefix: str, *, llama: bool = False) -> None:
-    """Add OpenAI's three routes over ``service`` to ``router`` under ``prefix``; ``llama``:
-    llama-server's dialect, only ``/models`` and ``/chat/completions``."""
+async def _answer(
+    request: Request,
+    body: GenerationRequest,
+    shape: ResponseShape,
+    submit: ChoiceSubmit,
+    reader_of: Callable[[], CallStream | None] = lambda: None,
+) -> HTTPResponse:
+    """``body.n`` choices (each its own generation, its own call reader), one answer."""
+    llama = dialect_of(request.scope) is LLAMA
+    shapes = [Choice(s, reader_of(), llama) for s in choices.shapes(shape, body.n)]
+    submits = [_choice(submit, i) for i in range(body.n)]
+    return await service_of(request).answer_all(
+        request, submits, shapes, body.stream, merge=choices.merged, join=choices.joined
+    )
+
+
+async def models(request: Request) -> dict[str, Any]:
+    """The ladder's card, and the embedding model's when one is loaded."""
+    service = service_of(request)
+    card = {
+        "id": service.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "pyramid-gguf",
+        "meta": {"mode": service.spec.mode, "tiers": service.pyramid.ladder.tier_names},
+    }
+    cards = [card]
+    if service.embedding is not None:  # what /v1/embeddings answers with
+        embedding = service.embedding
+        meta = {"kind": "embedding", "n_embd": embedding.n_embd}
+        cards.append(card | {"id": embedding.name, "meta": meta})
+    return {"object": "list", "data": cards}
+
+
+async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
+    """``POST /v1/completions``: a prompt (text or token ids) continued."""
+    service = service_of(request)
     pyramid = service.pyramid
-    settings = service.settings
-    n_ctx = min(m.n_ctx for m in pyramid.ladder.models)
+    sampling, spec = body.sampling(service.settings.sampling), body.spec(service.spec)
+    prompt: Prompt = body.prompt  # type: ignore[assignment]
+    if isinstance(prompt, str):
+        prompt = pyramid.tokenize(prompt)
+    else:
+        _check_token_ids(prompt, pyramid.n_vocab)
+    service.check_context(prompt)
+    top = body.top_logprobs()
 
-    async def answer(
-        request: Request,
-        body: GenerationRequest,
-        shape: ResponseShape,
-        submit: ChoiceSubmit,
-        reader_of: Callable[[], CallStream | None] = lambda: None,
-    ) -> HTTPResponse:
-        """``body.n`` choices (each its own generation, its own call reader), one answer."""
-        shapes = [Choice(s, reader_of(), llama) for s in choices.shapes(shape, body.n)]
-        submits = [_choice(submit, i) for i in range(body.n)]
-        return await service.answer_all(
-            request, submits, shapes, body.stream, merge=choices.merged, join=choices.joined
-        )
+    def submit(deliver: Deliver, choice: int) -> Job:
+        sampled = choices.seeded(sampling, choice)
+        return pyramid.submit(prompt, sampled, spec, deliver=deliver, logprobs=top)
 
-    async def models() -> dict[str, Any]:
-        card = {
-            "id": service.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "pyramid-gguf",
-            "meta": {"mode": service.spec.mode, "tiers": pyramid.ladder.tier_names},
-        }
-        cards = [card]
-        if service.embedding is not None:  # what /v1/embeddings answers with
-            embedding = service.embedding
-            meta = {"kind": "embedding", "n_embd": embedding.n_embd}
-            cards.append(card | {"id": embedding.name, "meta": meta})
-        return {"object": "list", "data": cards}
+    shape = ResponseShape(
+        chat=False,
+        model=service.model_name,
+        include_usage=body.include_usage,
+        logprobs=top is not None,
+    )
+    return await _answer(request, body, shape, submit)
 
-    async def completions(request: Request, body: CompletionRequest) -> HTTPResponse:
-        sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
-        prompt: Prompt = body.prompt  # type: ignore[assignment]
-        if isinstance(prompt, str):
-            prompt = pyramid.tokenize(prompt)
-        else:
-            _check_token_ids(prompt, pyramid.ladder.target.n_vocab)
-        check_context(prompt, n_ctx)
-        top = body.top_logprobs()
 
-        def submit(deliver: Deliver, choice: int) -> Job:
-            sampled = choices.seeded(sampling, choice)
-            return pyramid.submit(prompt, sampled, spec, deliver=deliver, logprobs=top)
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
+    """``POST /v1/chat/completions``: a chat turn answered (tools, structured output)."""
+    service = service_of(request)
+    pyramid, settings = service.pyramid, service.settings
+    sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
+    messages = [m.as_dict() for m in body.messages]
+    if dialect_of(request.scope) is LLAMA:
+        check_turns(messages)
+    tools = body.tool_request()
+    top = body.top_logprobs()
+    chat = pyramid.prepare_chat(
+        messages, sampling, tools, settings.chat_template, body.chat_template_kwargs
+    )
+    service.check_context(chat.tokens)
 
-        shape = ResponseShape(
-            chat=False,
-            model=service.model_name,
-            include_usage=body.include_usage,
-            logprobs=top is not None,
-        )
-        return await answer(request, body, shape, submit)
+    def submit(deliver: Deliver, choice: int) -> Job:
+        return pyramid.submit(
+            chat.tokens, choices.seeded(chat.sampling, choice), spec, deliver=deliver,
+            logprobs=top, special=chat.special,
+        )  # fmt: skip
 
-    async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTTPResponse:
-        sampling, spec = body.sampling(settings.sampling), body.spec(service.spec)
-        messages = [m.as_dict() for m in body.messages]
-        if llama:
-            check_turns(messages)
-        tools = body.tool_request()
-        top = body.top_logprobs()
-        chat = pyramid.prepare_chat(
-            messages, sampling, tools, settings.chat_template, body.chat_template_kwargs
-        )
-        check_context(chat.tokens, n_ctx)
-
-        def submit(deliver: Deliver, choice: int) -> Job:
-            return pyramid.submit(
-                chat.tokens, choices.seeded(chat.sampling, choice), spec, deliver=deliver,
-                logprobs=top, special=chat.special,
-            )  # fmt: skip
-
-        shape = ResponseShape(
-            chat=True,
-            model=service.model_name,
-            include_usage=body.include_usage,
-            logprobs=top is not None,
-        )
-        return await answer(request, body, shape, submit, chat.reader)
-
-    router.add_api_route(f"{prefix}/models", models, methods=["GET"])
-    if not llama:
-        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
-    router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
+    shape = ResponseShape(
+        chat=True,
+        model=service.model_name,
+        include_usage=body.include_usage,
+        logprobs=top is not None,
+    )
+    return await _answer(request, body, shape, submit, chat.reader)
 
 
 def _choice(submit: ChoiceSubmit, index: int) -> Submit:

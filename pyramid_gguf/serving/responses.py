@@ -47,7 +47,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -56,16 +56,16 @@ from starlette.responses import Response as HTTPResponse
 
 from ..api import GenerationStats, Response
 from ..chat import CallStream, Delta, Message, ToolRequest, parse_tool_request
-from ..core.errors import ContextOverflow, UserError
+from ..core.errors import UserError
 from ..core.grammar import Grammar
 from ..core.sampling import SamplingConfig
 from ..grammar import check_grammar
-from .errors import ApiError, error_of, validation_error
-from .http_errors import response as error_response
+from .errors import ApiError, validation_error
+from .http_errors import OPENAI, json_body, router
 from .jobs import Reader
 from .openai import timings
 from .schemas import GenerationRequest
-from .service import Handler, Service, json_route, sse
+from .service import service_of, sse, stream
 
 #: Fields that change the answer and that we do not honour, with the values that change
 #: nothing (clients send some as defaults) and what to say instead.
@@ -113,8 +113,6 @@ class ResponsesRequest(BaseModel):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     tools: Any = None
@@ -186,16 +184,11 @@ class ResponsesRequest(BaseModel):
             raise ApiError(400, str(e), param=param) from None
 
     def sampling(self, base: SamplingConfig) -> SamplingConfig:
-        """``base`` with this request's temperature, top-p, token limit and grammar."""
-        changes: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("temperature", self.temperature),
-                ("top_p", self.top_p),
-                ("max_tokens", self.max_output_tokens),
-            )
-            if v is not None
-        }
+        """``base`` (the :meth:`extensions`' sampling: temperature, top-p and every other
+        sampler field under OpenAI's names) with this request's token limit and grammar."""
+        changes: dict[str, Any] = {}
+        if self.max_output_tokens is not None:
+            changes["max_tokens"] = self.max_output_tokens
         grammar = self.grammar()
         if grammar is not None:
             changes["grammar"] = grammar
@@ -516,14 +509,19 @@ class Shape:
         output.finish(last.finish_reason != "stop")
         return self.body(output.items, last)
 
-    async def events(self, reader: Reader, first: Response) -> AsyncGenerator[str, None]:
-        """The SSE body; leaving early (client gone) cancels the generation."""
+    def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
+        """The typed events; an error after the headers went out is an ``error`` event."""
         numbers = itertools.count()
 
         def emit(kind: str, fields: dict[str, Any]) -> str:
             return sse({"type": kind, "sequence_number": next(numbers), **fields}, kind)
 
-        try:
+        def late(error: ApiError) -> str:
+            return emit(
+                "error", {"code": error.code, "message": error.message, "param": error.param}
+            )
+
+        async def events(steps: AsyncIterator[Response]) -> AsyncIterator[str]:
             yield emit("response.created", {"response": self.body([])})
             yield emit("response.in_progress", {"response": self.body([])})
             if self.progress:
@@ -532,26 +530,20 @@ class Shape:
             output = Output(self.calls)
             for kind, fields in output.start():
                 yield emit(kind, fields)
-            step: Response | None = first
             last = first
-            while step is not None:
+            async for step in steps:
                 last = step
                 for kind, fields in output.feed(step.text):
                     if self.per_token and kind == "response.output_text.delta":
                         fields = fields | {"timings": timings(step.stats)}
                     yield emit(kind, fields)
-                step = await reader.next()
             for kind, fields in output.finish(last.finish_reason != "stop"):
                 yield emit(kind, fields)
             body = self.body(output.items, last)
             done = "response.completed" if body["status"] == "completed" else "response.incomplete"
             yield emit(done, {"response": body, "timings": body["timings"]})
-        except Exception as e:  # after the headers went out: an error event
-            error = error_of(e)
-            fields = {"code": error.code, "message": error.message, "param": error.param}
-            yield emit("error", fields)
-        finally:
-            reader.close()
+
+        return stream(reader, first, events, late)
 
 
 def prompt_progress(first: Response) -> dict[str, Any]:
@@ -566,56 +558,36 @@ def prompt_progress(first: Response) -> dict[str, Any]:
     }
 
 
-def _openai_error(status: int, message: str, headers: dict[str, str] | None) -> HTTPResponse:
-    return error_response(ApiError(status, message, headers=headers))
-
-
-def routes(service: Service) -> APIRouter:
-    """The Responses API's routes over ``service``, under ``/v1`` and unprefixed."""
-    router = APIRouter()
-    pyramid = service.pyramid
-    settings = service.settings
-
-    async def guarded(request: Request, handler: Handler) -> HTTPResponse:
-        """Run ``handler`` on the JSON body, every error answered in OpenAI's shape (with its
-        ``param``, and ``context_length_exceeded`` for a prompt longer than the context)."""
-
-        async def shaped(request: Request, body: dict[str, Any]) -> HTTPResponse:
-            try:
-                return await handler(request, body)
-            except ContextOverflow as e:
-                return error_response(ApiError(400, str(e), code="context_length_exceeded"))
-            except (ApiError, UserError) as e:
-                return error_response(error_of(e))
-
-        return await json_route(request, shaped, _openai_error)
-
-    async def create_route(request: Request, body: dict[str, Any]) -> HTTPResponse:
-        try:
-            parsed = ResponsesRequest.model_validate(body)
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
-        parsed.check_supported()
-        extensions = parsed.extensions()
-        sampling = parsed.sampling(extensions.sampling(settings.sampling))
-        spec = extensions.spec(service.spec)
-        chat = pyramid.prepare_chat(
-            parsed.turns(), sampling, parsed.tool_request(), settings.chat_template
-        )
-
-        shape = Shape(parsed, service.model_name, chat.sampling, chat.reader())
-        return await service.answer(request, service.chat_submit(chat, spec), shape, parsed.stream)
-
-    async def create(request: Request) -> HTTPResponse:
-        return await guarded(request, create_route)
-
-    async def stored(response_id: str) -> HTTPResponse:
-        message = f"no response {response_id!r}: this server keeps no responses (store is ignored)"
-        return error_response(ApiError(404, message, param="response_id"))
-
+def routes() -> APIRouter:
+    """The Responses API's routes, under ``/v1`` and unprefixed."""
+    out = router(OPENAI)
     for prefix in ("/v1", ""):
-        router.add_api_route(f"{prefix}/responses", create, methods=["POST"])
-        router.add_api_route(
-            f"{prefix}/responses/{{response_id}}", stored, methods=["GET", "DELETE"]
-        )
-    return router
+        out.add_api_route(f"{prefix}/responses", create, methods=["POST"])
+        out.add_api_route(f"{prefix}/responses/{{response_id}}", stored, methods=["GET", "DELETE"])
+    return out
+
+
+async def create(request: Request) -> HTTPResponse:
+    """``POST /v1/responses``: a chat answered as a response (or its typed events)."""
+    service = service_of(request)
+    try:
+        parsed = ResponsesRequest.model_validate(await json_body(request))
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+    parsed.check_supported()
+    extensions = parsed.extensions()
+    settings = service.settings
+    sampling = parsed.sampling(extensions.sampling(settings.sampling))
+    spec = extensions.spec(service.spec)
+    chat = service.pyramid.prepare_chat(
+        parsed.turns(), sampling, parsed.tool_request(), settings.chat_template
+    )
+    service.check_context(chat.tokens)
+    shape = Shape(parsed, service.model_name, chat.sampling, chat.reader())
+    return await service.answer(request, service.chat_submit(chat, spec), shape, parsed.stream)
+
+
+async def stored(response_id: str) -> HTTPResponse:
+    """A stored response: none is kept (a 404)."""
+    message = f"no response {response_id!r}: this server keeps no responses (store is ignored)"
+    raise ApiError(404, message, param="response_id")

@@ -20,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..chat import ToolRequest, parse_tool_request
 from ..core.errors import UserError
 from ..core.grammar import Grammar
-from ..core.sampling import MAX_TOP_LOGPROBS, SamplingConfig, parse_logit_bias, parse_samplers
+from ..core.sampling import (
+    MAX_TOP_LOGPROBS,
+    SamplingConfig,
+    parse_logit_bias,
+    parse_samplers,
+    sampler_changes,
+)
 from ..core.spec import SPEC_KNOBS, SpecConfig
 from ..core.textstream import encode_utf8
 from ..grammar import check_grammar
@@ -64,26 +70,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-#: llama.cpp's sampler fields beyond temperature, top-k, top-p and min-p, as SamplingConfig
-#: names them.
-_CHAIN_FIELDS = (
-    "typical_p",
-    "top_n_sigma",
-    "xtc_probability",
-    "xtc_threshold",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "repeat_penalty",
-    "repeat_last_n",
-    "presence_penalty",
-    "frequency_penalty",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-)
-
-
 #: Most choices (``n``) one completion or chat completion may ask for (OpenAI's limit); each is
 #: its own generation in the slots' queue (:mod:`.choices`).
 MAX_CHOICES = 128
@@ -95,11 +81,22 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def samplers(values: dict[str, Any], column: str | None = None) -> dict[str, Any]:
+    """:func:`~pyramid_gguf.core.sampling.sampler_changes` of a request body (``column``: the
+    dialect's names), a bad value a 400 naming its field."""
+    try:
+        return sampler_changes(values, column)
+    except UserError as e:
+        raise ApiError(400, str(e), param=str(e).split(" ", 1)[0]) from None
+
+
 class GenerationRequest(BaseModel):
     """Fields shared by completions and chat completions.
 
-    Fields not declared here are kept in ``model_extra``; the speculative knobs are read from
-    there (:meth:`spec`) and everything else is ignored.
+    Fields not declared here are kept in ``model_extra``; the numeric sampler fields
+    (:data:`~pyramid_gguf.core.sampling.SAMPLER_FIELDS`, :meth:`sampling`) and the speculative
+    knobs (:data:`~pyramid_gguf.core.spec.SPEC_KNOBS`, :meth:`spec`) are read from there, and
+    everything else is ignored.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -110,25 +107,8 @@ class GenerationRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     #: llama-server's name for it: the most tokens to generate (-1: until the end).
     n_predict: int | None = Field(None, ge=-1)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = None
-    min_p: float | None = Field(None, ge=0, le=1)
-    # llama.cpp's other samplers (SamplingConfig checks their ranges: a 400 naming the flag)
-    typical_p: float | None = None
-    top_n_sigma: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
+    # the numeric sampler fields (temperature, top_p...) are SAMPLER_FIELDS', read from
+    # model_extra under their names (:meth:`sampling`), as the speculative knobs are
     #: Texts a repetition is not followed across (llama-server's: a non-empty list).
     dry_sequence_breakers: list[str] | None = Field(None, min_length=1)
     #: OpenAI's ``{"token id": bias}`` or llama-server's ``[[id, bias], ...]``.
@@ -178,11 +158,7 @@ class GenerationRequest(BaseModel):
         changes: dict[str, object] = {
             k: v
             for k, v in (
-                ("temperature", self.temperature),
-                ("top_p", self.top_p),
-                ("top_k", self.top_k),
-                ("min_p", self.min_p),
-                *((name, getattr(self, name)) for name in _CHAIN_FIELDS),
+                *samplers(self.model_extra or {}).items(),
                 ("seed", self.seed),
                 ("max_tokens", self.token_limit()),
                 ("ignore_eos", self.ignore_eos),

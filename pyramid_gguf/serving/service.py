@@ -16,32 +16,42 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from starlette.responses import Response as HTTPResponse
 
-from ..api import ChatPrompt, Job, Pyramid, Response
+from ..api import END, ChatPrompt, Job, Pyramid, Response
 from ..core.spec import SpecConfig
-from .errors import ApiError, error_of
+from .errors import ApiError, context_exceeded, error_of, validation_error
 from .jobs import ClientGone, Deliver, Reader, Totals, shutting_down
+from .schemas import GenerationRequest
 from .settings import ServerSettings
 
 Submit = Callable[[Deliver], Job]
-#: A route's handler of a JSON object body.
-Handler = Callable[[Request, dict[str, Any]], Awaitable[HTTPResponse]]
-#: A dialect's error response: ``(status, message, headers) -> response``.
-ErrorShape = Callable[[int, str, dict[str, str] | None], HTTPResponse]
+#: A dialect's streamed events of a generation's steps (:func:`stream`).
+Events = Callable[[AsyncIterator[Response]], AsyncIterator[str]]
+#: A dialect's event of an error after the headers went out.
+LateError = Callable[[ApiError], str]
 #: Server-sent events, the media type of every streamed answer but Ollama's NDJSON lines.
 SSE = "text/event-stream"
 #: Several generations' streamed bodies made one (OpenAI's ``n``).
 Merge = Callable[[Sequence[AsyncIterator[str]]], AsyncIterator[str]]
 #: Several generations' whole bodies made one (OpenAI's ``n``).
 Join = Callable[[Sequence[Any]], Any]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A task's value, as its reader gets it (:meth:`Service.run`)."""
+
+    value: Any
 
 
 class Shape(Protocol):
@@ -74,26 +84,30 @@ def _only(parts: Sequence[Any]) -> Any:
     return parts[0]
 
 
-async def json_route(
-    request: Request, handler: Handler, error: ErrorShape, empty: bytes = b"{}"
-) -> HTTPResponse:
-    """Run ``handler`` on the request's JSON object body (``empty`` when there is none), every
-    error answered in a dialect's own ``error`` shape: bad JSON and a body that is no object
-    are 400s, an :class:`ApiError` keeps its status, a ``UserError`` is a 400 and anything else
-    a 500, never a traceback."""
+async def steps(reader: Reader, first: Response) -> AsyncIterator[Response]:
+    """An admitted generation's steps, ``first`` on, as its reader gets them."""
+    step: Response | None = first
+    while step is not None:
+        yield step
+        step = await reader.next()
+
+
+async def stream(
+    reader: Reader, first: Response, events: Events, late: LateError, end: str | None = None
+) -> AsyncIterator[str]:
+    """The one stream loop of every dialect: ``events`` of the generation's :func:`steps`,
+    then ``end`` (OpenAI's ``[DONE]``); an error after the headers went out is answered in the
+    stream by ``late``. The reader is closed however it ends, so a client that leaves early
+    cancels the generation."""
     try:
-        body = json.loads(await request.body() or empty)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        return error(400, f"invalid JSON body: {e}", None)
-    if not isinstance(body, dict):
-        return error(400, "the request body must be a JSON object", None)
-    try:
-        return await handler(request, body)
-    except ApiError as e:
-        return error(e.status, e.message, e.headers)
+        async for event in events(steps(reader, first)):
+            yield event
     except Exception as e:
-        shaped = error_of(e)
-        return error(shaped.status, shaped.message, None)
+        yield late(error_of(e))
+    finally:
+        reader.close()  # no-op once finished; stops the generation if the client left
+    if end is not None:
+        yield end
 
 
 def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
@@ -125,6 +139,9 @@ class Service:
     totals: Totals = field(default_factory=Totals)
     readers: set[Reader] = field(default_factory=set)
     closing: bool = False
+    #: The vocabulary's end-of-generation tokens, read once when first asked (llama-server's
+    #: ``/completion`` lists them with ``ignore_eos``).
+    eog: list[int] | None = None
 
     @property
     def model_name(self) -> str:
@@ -134,6 +151,27 @@ class Service:
     def spec(self) -> SpecConfig:
         """The spec a request's knobs apply to: the server's, else the ladder's."""
         return self.settings.spec or self.pyramid.spec
+
+    @property
+    def n_ctx(self) -> int:
+        """A slot's context in tokens (the smallest over the ladder's models): every dialect's
+        prompt must leave room in it."""
+        return self.pyramid.n_ctx
+
+    def check_context(self, tokens: Sequence[int]) -> None:
+        """A 400 (:func:`~.errors.context_exceeded`, in the route's dialect) when a prompt of
+        ``tokens`` leaves no room in a slot's context: refused before admission."""
+        if len(tokens) >= self.n_ctx:
+            raise context_exceeded(len(tokens), self.n_ctx)
+
+    def knobs(self, body: dict[str, Any]) -> SpecConfig:
+        """The speculative knobs a dialect without them in its schema (Ollama's, Anthropic's)
+        takes at the top level of ``body``, on :attr:`spec` (a 400 naming a bad one)."""
+        extra = {k: v for k, v in body.items() if k not in GenerationRequest.model_fields}
+        try:
+            return GenerationRequest.model_validate(extra).spec(self.spec)
+        except ValidationError as e:
+            raise validation_error(e.errors()) from None
 
     def chat_submit(self, chat: ChatPrompt, spec: SpecConfig) -> Submit:
         """The ``submit`` of a prepared chat under ``spec`` (its answer's text with control
@@ -204,12 +242,17 @@ class Service:
             return None
         return admitted
 
+    def _open(self, submit: Submit) -> Reader:
+        """A reader of ``submit``'s job, admitted to the pool's queue (a 503 when it is full or
+        the server stops)."""
+        if self.closing:
+            raise shutting_down()
+        return Reader(self.totals, self.readers).open(submit)
+
     async def admit(self, request: Request, submit: Submit) -> tuple[Reader, Response] | None:
         """Admit one generation and wait for its first step (a 503 when the queue is full or the
         server stops); None when the client left first (its job is cancelled)."""
-        if self.closing:
-            raise shutting_down()
-        reader = Reader(self.totals, self.readers).open(submit)
+        reader = self._open(submit)
         try:
             async with reader.watching(request):
                 first = await reader.next()
@@ -221,6 +264,39 @@ class Service:
         if first is None:  # ended before its first step, and not by its client
             raise shutting_down()
         return reader, first
+
+    async def run(self, request: Request, task: Callable[[], T]) -> T:
+        """``task``'s value, run on a worker thread of the pool (an embedding): admitted
+        through the same bounded queue as every generation (a 503 when it is full or the
+        server stops), cancelled when the client leaves first (:class:`ClientGone`; if it has
+        not started, it never runs and its place is free at once), and tracked by the server's
+        shutdown like any generation."""
+
+        def submit(deliver: Deliver) -> Job:
+            def work(job: Job) -> bool:
+                if job.cancelled:
+                    deliver(END)
+                    return True
+                try:
+                    deliver(_Done(task()))
+                except BaseException as e:  # the reader raises it
+                    deliver(e)
+                finally:
+                    deliver(END)
+                return False
+
+            return self.pyramid.slots.submit((), work)
+
+        reader = self._open(submit)
+        try:
+            async with reader.watching(request):
+                done = await reader.result()
+        finally:
+            reader.close()
+        if not isinstance(done, _Done):  # ended before it ran, and not by its client
+            raise shutting_down()
+        value: T = done.value
+        return value
 
     async def collect(self, request: Request, reader: Reader, first: Response) -> list[Response]:
         """Every step of a generation (``first`` included), read while watching the client: a
@@ -251,3 +327,10 @@ class Service:
             job.cancel()
         for job in jobs:
             job.wait()
+
+
+def service_of(request: Request) -> Service:
+    """The :class:`Service` of the app a request came to (each route's one way to it)."""
+    service = request.app.state.service
+    assert isinstance(service, Service)
+    return service

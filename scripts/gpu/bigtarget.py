@@ -220,7 +220,7 @@ def one(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     with NativeModel(args.models_dir / f"synthetic-{name}-q4_k_m.gguf", load) as m:
         loaded = time.perf_counter() - t0
-        curve = measure_curve(m, sizes=sizes, repeats=int(repeats))
+        curve = measure_curve(m, sizes=sizes, repeats=int(repeats)).curve
     print(json.dumps({"model": name, "ngl": int(ngl), "op_offload": load.op_offload,
                       "repeats": int(repeats), "load_s": round(loaded, 2),
                       "ms": {k: round(curve(k) * 1e3, 3) for k in sizes}}))  # fmt: skip

@@ -55,7 +55,7 @@ def curve(path: Path, ngl: int, threads: int) -> CostCurve:
         op_offload=ngl != 0,
     )
     with NativeModel(path, load) as m:
-        return measure_curve(m, sizes=SIZES, repeats=3)
+        return measure_curve(m, sizes=SIZES, repeats=3).curve
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ runs it on loaded models.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -259,8 +260,26 @@ def price_ngram(
     tokens of a grammar (kept for certain, verified in the same batch)."""
     ks = range(1, min(available, max_k) + 1)
     tokens = [forced + policy.expected_tokens(first, after, k) for k in ks]
-    seconds = [target(k + forced + 1) + overhead for k in ks]
+    seconds = [
+        target(k + forced + 1) + overhead + expected_drop(target, first, after, k) for k in ks
+    ]
     return policy.best_block("ngram", tokens, seconds, budget=budget, batch=batch)
+
+
+def expected_drop(curve: CostCurve, first: float, after: float, k: int, unseen: int = 0) -> float:
+    """Expected seconds a tier of cost ``curve`` spends rolling back after a block of ``k``
+    proposals, the first kept with probability ``first`` and each after a kept one with
+    ``after``: keeping ``j < k`` drops the ``k - j - unseen`` evaluated tokens past them
+    (``unseen``: proposals the tier never evaluated, a drafter's last). 0 where the cache
+    drops a suffix for free (:meth:`~.costs.CostCurve.drop`: hybrid and recurrent targets pay)."""
+    if not curve.rollback:
+        return 0.0
+    total, reach = 0.0, 1.0
+    for j in range(k):
+        keep = first if j == 0 else after
+        total += reach * (1.0 - keep) * curve.drop(k - j - unseen)
+        reach *= keep
+    return total
 
 
 def price_draft(
@@ -276,13 +295,68 @@ def price_draft(
     batch: policy.Batch = policy.SOLO,
 ) -> policy.Pick:
     """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``), after
-    ``forced`` tokens of a grammar (the model reads them with its first draft step)."""
+    ``forced`` tokens of a grammar (the model reads them with its first draft step).
+
+    The model never evaluates the last token it drafts: when the target keeps the whole block,
+    the next round's first step reads it beside the target's bonus token (two tokens, not
+    one), with probability ``keep ** k``."""
     catch_up = model(lag) / CATCH_UP_ROUNDS + (model(forced + 1) - model(1) if forced else 0.0)
-    one = model(1)
+    one, second = model(1), model(2) - model(1)
     ks = range(1, max_k + 1)
     tokens = [forced + policy.expected_tokens(keep, keep, k) for k in ks]
-    seconds = [k * one + catch_up + target(k + forced + 1) + overhead for k in ks]
+    seconds = [
+        k * one
+        + keep**k * second
+        + catch_up
+        + target(k + forced + 1)
+        + overhead
+        + expected_drop(target, keep, keep, k)
+        + expected_drop(model, keep, keep, k, unseen=1)
+        for k in ks
+    ]
     return policy.best_block(name, tokens, seconds, budget=budget, batch=batch)
+
+
+@dataclass(frozen=True)
+class Fill:
+    """How a pyramid's qualifier fills a buffer of ``r`` tokens (``r = 0..max_k``):
+    ``checks[r][m]``, the expected number of its checks of ``m`` drafted tokens
+    (``m = 1..l_d``; index 0 unused), and ``own[r]``, the probability that the buffer's last
+    token is the qualifier's own (a correction or bonus token, which it sampled but never
+    evaluated; else its last check was cut to the room left, ending on a drafted token)."""
+
+    checks: tuple[tuple[float, ...], ...]
+    own: tuple[float, ...]
+
+
+@functools.lru_cache(maxsize=2048)
+def buffer_fill(keep: float, l_d: int, max_k: int) -> Fill:
+    """:class:`Fill` for drafts kept with probability ``keep``, up to ``l_d`` per check.
+
+    Each check drafts ``m = min(l_d, room)`` tokens (the draft never drafts past the buffer's
+    room) and adds the kept ones plus the qualifier's own token; the last check of a buffer is
+    often a short one. Exact under independent keeps (a dynamic programme over the room
+    left), which is what a replay of such traces counts.
+    """
+    checks: list[tuple[float, ...]] = [(0.0,) * (l_d + 1)]
+    own = [0.0]
+    for r in range(1, max_k + 1):
+        m = min(l_d, r)
+        row = [0.0] * (l_d + 1)
+        row[m] = 1.0
+        last = 0.0
+        reach = 1.0  # probability the first j drafted tokens are kept
+        for j in range(m + 1):
+            p = reach * (1.0 - keep) if j < m else reach
+            rest = r - j - 1  # room left after this check's j kept tokens and its own one
+            if rest >= 0:
+                last += p * (own[rest] if rest > 0 else 1.0)
+                for i in range(1, l_d + 1):
+                    row[i] += p * checks[rest][i]
+            reach *= keep
+        checks.append(tuple(row))
+        own.append(last)
+    return Fill(tuple(checks), tuple(own))
 
 
 def price_pyramid(
@@ -299,23 +373,41 @@ def price_pyramid(
     batch: policy.Batch = policy.SOLO,
 ) -> policy.Pick:
     """Draft -> qualifier -> target: the qualifier fills a buffer of ``k`` tokens from checks
-    of ``l_d`` drafted tokens, then the target verifies the buffer (``psd-exact``), after
-    ``forced`` tokens of a grammar."""
+    of up to ``l_d`` drafted tokens (:func:`buffer_fill`), then the target verifies the buffer
+    (``psd-exact``), after ``forced`` tokens of a grammar.
+
+    A check of ``m`` drafted tokens costs the draft's ``m`` steps (its first one also reads the
+    token the last check added, two tokens when that check kept all it drafted) and the
+    qualifier's evaluation of ``m + 1`` tokens. When the target keeps the whole buffer
+    (probability ``keep_qt ** k``) and the buffer ends on the qualifier's own token, the next
+    round's first check reads that token too (``m + 2`` tokens)."""
     catch_up = (bottom(lags[0] + forced) + qualifier(lags[1] + forced)) / CATCH_UP_ROUNDS
     ks = range(1, max_k + 1)
     tokens = [forced + policy.expected_tokens(keep_qt, keep_qt, k) for k in ks]
-    verify = [target(k + forced + 1) for k in ks]
-    one = bottom(1)
+    verify = [
+        target(k + forced + 1) + catch_up + overhead + expected_drop(target, keep_qt, keep_qt, k)
+        for k in ks
+    ]
+    one, second = bottom(1), bottom(2) - bottom(1)
+    keep = round(keep_dq, 2)
     pick = policy.Pick()
     for l_d in range(1, MAX_L_D + 1):
-        per_check = l_d * one + qualifier(l_d + 1) + overhead
-        per_token = per_check / policy.expected_tokens(keep_dq, keep_dq, l_d)
-        seconds = [k * per_token + catch_up + v + overhead for k, v in zip(ks, verify, strict=True)]
+        check = [0.0] + [
+            m * one + keep**m * second + qualifier(m + 1) + overhead for m in range(1, l_d + 1)
+        ]
+        fill = buffer_fill(keep, l_d, max_k)
+        seconds = []
+        for k, v in zip(ks, verify, strict=True):
+            m = min(l_d, k)
+            reread = keep_qt**k * fill.own[k] * (qualifier(m + 2) - qualifier(m + 1))
+            seconds.append(
+                sum(n * c for n, c in zip(fill.checks[k], check, strict=True)) + reread + v
+            )
         pick = pick | policy.best_block("pyramid", tokens, seconds, l_d, budget, batch)
     return pick
 
 
-def break_even(chain: Chain, costs: Mapping[str, CostCurve], max_k: int = 16) -> float | None:
+def break_even(chain: Chain, costs: Mapping[str, CostCurve], max_k: int = 64) -> float | None:
     """The smallest keep probability (to 0.01, every proposal of every stage alike) at which
     ``chain``'s best round beats plain decoding by :data:`~.policy.MIN_GAIN` on these cost
     curves, or None when it never does."""

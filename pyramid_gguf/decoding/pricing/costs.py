@@ -23,10 +23,18 @@ class CostCurve:
 
     seconds: tuple[float, ...]
     chunk: int = 0
+    #: Seconds to drop the last ``j`` tokens of the last evaluation, ``rollback[j - 1]``
+    #: (beyond the measured ``j``, the last): what a rejected round pays besides its batch on a
+    #: cache that cannot simply forget a suffix (a hybrid or recurrent model restoring a saved
+    #: state and evaluating the kept tokens again; llama.cpp's per-sequence snapshots make it
+    #: nearly free). Empty: free, as a KV cache drops a suffix (runtime/rollback_cost.py).
+    rollback: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.seconds or any(not s > 0 for s in self.seconds):
             raise ValueError(f"a cost curve needs positive timings, got {self.seconds}")
+        if any(not s >= 0 for s in self.rollback):
+            raise ValueError(f"rollback costs must be >= 0, got {self.rollback}")
 
     def __call__(self, n: int) -> float:
         """Seconds for one evaluation of ``n`` tokens (0 for ``n <= 0``)."""
@@ -47,6 +55,16 @@ class CostCurve:
         slope = (self.seconds[m - 1] - self.seconds[lo - 1]) / max(m - lo, 1)
         return self.seconds[m - 1] + max(slope, 0.0) * (n - m)
 
+    def drop(self, j: int) -> float:
+        """Seconds to roll back the last ``j`` evaluated tokens (0 for ``j <= 0``)."""
+        if j <= 0 or not self.rollback:
+            return 0.0
+        return self.rollback[min(j, len(self.rollback)) - 1]
+
+    def with_rollback(self, rollback: Sequence[float]) -> CostCurve:
+        """The same curve with these rollback costs (``rollback[j - 1]``: drop ``j``)."""
+        return CostCurve(self.seconds, self.chunk, tuple(float(s) for s in rollback))
+
     @property
     def one(self) -> float:
         """Seconds of one single-token evaluation."""
@@ -66,14 +84,21 @@ class CostCurve:
         floor = self.one * 1e-3
         base = self(size)
         n = len(self.seconds)
-        return CostCurve(tuple(max(self(size + k) - base, floor) for k in range(1, n + 1)))
+        marginal = tuple(max(self(size + k) - base, floor) for k in range(1, n + 1))
+        return CostCurve(marginal, 0, self.rollback)
 
     def with_chunk(self, chunk: int) -> CostCurve:
         """The same curve, evaluated in micro-batches of at most ``chunk`` tokens."""
-        return CostCurve(self.seconds, chunk)
+        return CostCurve(self.seconds, chunk, self.rollback)
 
     def to_dict(self) -> dict[str, object]:
-        return {"seconds": [round(s, 6) for s in self.seconds], "chunk": self.chunk}
+        out: dict[str, object] = {
+            "seconds": [round(s, 6) for s in self.seconds],
+            "chunk": self.chunk,
+        }
+        if self.rollback:
+            out["rollback"] = [round(s, 6) for s in self.rollback]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CostCurve:
@@ -81,10 +106,15 @@ class CostCurve:
         if not isinstance(raw, list):
             raise ValueError("a cost curve needs a list of seconds")
         chunk = data.get("chunk", 0)
-        return cls(tuple(float(s) for s in raw), int(chunk) if isinstance(chunk, int) else 0)
+        back = data.get("rollback", [])
+        return cls(
+            tuple(float(s) for s in raw),
+            int(chunk) if isinstance(chunk, int) else 0,
+            tuple(float(s) for s in back) if isinstance(back, list) else (),
+        )
 
     @classmethod
-    def shaped(cls, one: float, per_token: float, *, n: int = 16) -> CostCurve:
+    def shaped(cls, one: float, per_token: float, *, n: int = 64) -> CostCurve:
         """A synthetic curve ``one + per_token * (n - 1)`` seconds (GPU-like for a small
         ``per_token``, CPU-like for ``per_token`` near ``one``): for tests and planning."""
         return cls(tuple(one + per_token * (k - 1) for k in range(1, n + 1)))

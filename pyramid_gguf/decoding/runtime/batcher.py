@@ -68,6 +68,9 @@ class _Request:
     rows: np.ndarray | None = None
     error: BaseException | None = None
     finished: bool = False
+    #: perf_counter when the slot asked, and when the batch that finished it ended.
+    asked: float = 0.0
+    ended: float = 0.0
 
     @property
     def left(self) -> int:
@@ -76,12 +79,40 @@ class _Request:
 
 @dataclass
 class BatchCounters:
-    """What the batcher did since it was made (for ``/metrics``)."""
+    """What the batcher did since it was made (for ``/metrics``), and where the time of the
+    steps went, in seconds of wall time.
+
+    While any slot runs, the time is either in a batch (``seconds``: whole evaluations, of which
+    ``decode_seconds`` inside ``llama_decode``) or between batches (``gap_seconds``), and a gap
+    is the slots' own work until the last request the batch waits for is asked
+    (``work_seconds``: sampling, acceptance, delivery to the readers, their wake-ups; done in
+    series under the GIL while the batch waits) and then the hand-off to the thread that runs
+    the batch (``handoff_seconds``: a ``Condition`` wake-up, and the wait for arriving requests,
+    ``gather_seconds`` of it). Per slot, summed over slots: ``wake_seconds`` from a batch's end
+    until its slot's thread runs again, ``slot_seconds`` from then until the slot asks for its
+    next evaluation. ``shared_*``: the same for batches of more than one slot, and the gaps
+    before them."""
 
     batches: int = 0
     slots_in_batches: int = 0
     tokens: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    decode_seconds: float = 0.0
+    gap_seconds: float = 0.0
+    work_seconds: float = 0.0
+    handoff_seconds: float = 0.0
+    gather_seconds: float = 0.0
+    wake_seconds: float = 0.0
+    slot_seconds: float = 0.0
+    shared_batches: int = 0
+    shared_seconds: float = 0.0
+    shared_decode_seconds: float = 0.0
+    shared_gap_seconds: float = 0.0
+
+    def outside(self) -> float:
+        """The share of the shared steps' time spent outside ``llama_decode`` (0 to 1)."""
+        step = self.shared_seconds + self.shared_gap_seconds
+        return 1.0 - self.shared_decode_seconds / step if step > 0 else 0.0
 
 
 class Batcher:
@@ -108,6 +139,11 @@ class Batcher:
         #: Requests about to join (the pool's count), and since when a ready batch waits.
         self._arriving = arriving
         self._ready_since: float | None = None
+        #: When the last batch ended (None while no slot runs), when the batch went ready
+        #: (its last request asked), and when each slot's thread last got its rows back.
+        self._last_end: float | None = None
+        self._ready_at = 0.0
+        self._returned: dict[int, float] = {}
 
     def counters(self) -> BatchCounters:
         """A copy of the counters now (read without the lock, which a batch holds)."""
@@ -119,6 +155,8 @@ class Batcher:
     def join(self, seq: int) -> None:
         """Slot ``seq`` starts running: batches now wait for it too."""
         with self.lock:
+            if not self._running:
+                self._last_end = time.perf_counter()
             self._running.add(seq)
             self._rounds[seq] = (1, 1)
             self.lock.notify_all()  # a batch gathering arrivals may go now
@@ -128,6 +166,10 @@ class Batcher:
         with self.lock:
             self._running.discard(seq)
             self._rounds.pop(seq, None)
+            self._returned.pop(seq, None)
+            self._ready_at = time.perf_counter()  # the others may be ready from now
+            if not self._running:
+                self._last_end = None
             self.lock.notify_all()  # the others may all be waiting now
 
     # --- pricing against the batch -----------------------------------------------------------
@@ -155,6 +197,10 @@ class Batcher:
         tier = self.models.index(model)
         req = _Request(tier, model, part, chunk, timer, want)
         with self.lock:
+            req.asked = self._ready_at = time.perf_counter()
+            back = self._returned.pop(part.seq, None)
+            if back is not None:
+                self._counters.slot_seconds += req.asked - back
             self._waiting.append(req)
             while not req.finished:
                 if self._busy or len(self._waiting) < len(self._running):
@@ -165,6 +211,10 @@ class Batcher:
                     self.lock.wait(gather)
                 else:
                     self._dispatch()
+            now = time.perf_counter()
+            self._counters.wake_seconds += now - req.ended
+            if part.seq in self._running:
+                self._returned[part.seq] = now
         if req.error is not None:
             raise req.error
         assert req.rows is not None
@@ -181,11 +231,23 @@ class Batcher:
 
     def _dispatch(self) -> None:
         """Evaluate the smallest waiting tier's requests (lock held), then wake everyone."""
+        start = time.perf_counter()
+        if self._ready_since is not None:
+            self._counters.gather_seconds += start - self._ready_since
         self._ready_since = None
         self._busy = True
+        group: list[_Request] = []
         try:
             tier = min(r.tier for r in self._waiting)
             group = [r for r in self._waiting if r.tier == tier]
+            if self._last_end is not None:  # the gap since the last batch, split
+                ready = max(self._ready_at, self._last_end)
+                c = self._counters
+                c.gap_seconds += start - self._last_end
+                c.work_seconds += ready - self._last_end
+                c.handoff_seconds += start - ready
+                if len(group) > 1:
+                    c.shared_gap_seconds += start - self._last_end
             if self.strict:
                 for r in group:
                     self._run([r], alone=True)
@@ -193,6 +255,11 @@ class Batcher:
                 self._run(group, alone=len(self._running) <= 1)
             self._waiting = [r for r in self._waiting if not r.finished]
         finally:
+            end = time.perf_counter()
+            for r in group:
+                r.ended = end
+            if self._running:
+                self._last_end = end
             self._busy = False
             self.lock.notify_all()
 
@@ -208,6 +275,7 @@ class Batcher:
             pieces.append(Part(r.part.seq, r.part.tokens[lo:hi], at))
         chunk = max((r.chunk for r in group), default=0)
         t0 = time.perf_counter()
+        decoding = model.timer.decode_seconds
         try:
             rows = model.eval_parts(pieces, chunk=chunk)
         except BaseException as e:  # every slot in this batch hears it, and goes on without it
@@ -215,11 +283,18 @@ class Batcher:
                 r.error, r.finished = e, True
             return
         seconds = time.perf_counter() - t0
+        decoded = model.timer.decode_seconds - decoding
         total = sum(len(p.tokens) for p in pieces) or 1
-        self._counters.batches += 1
-        self._counters.slots_in_batches += len(group)
-        self._counters.tokens[self.names[group[0].tier]] += total
-        self._counters.seconds += seconds
+        c = self._counters
+        c.batches += 1
+        c.slots_in_batches += len(group)
+        c.tokens[self.names[group[0].tier]] += total
+        c.seconds += seconds
+        c.decode_seconds += decoded
+        if len(group) > 1:
+            c.shared_batches += 1
+            c.shared_seconds += seconds
+            c.shared_decode_seconds += decoded
         for r, piece, got in zip(group, pieces, rows, strict=True):
             _charge(r.timer, len(piece.tokens), seconds * len(piece.tokens) / total)
             if r.rows is None:

@@ -2,16 +2,21 @@
 
 :func:`calibrate` returns a :class:`Calibration` from the cache under
 ``$PYRAMID_GGUF_HOME/costs/`` when one matches the model file, the llama.cpp build and the
-load settings (threads, offload, KV types, the weights' buffer types), else measures one (7 s
-for the 1.5B Q4_K_M target on a 2-core CPU, less for smaller tiers) and stores it. ``refresh``
-measures again (``pyramid-gguf calibrate``). On a shared VM the ratios move by about 10%
-between calibrations (``c(3) / c(1)`` 2.19-2.65 in six back to back on a 2-core EPYC VM).
+load settings (every :class:`~pyramid_gguf.core.load.LoadConfig` field that moves a cost:
+threads, offload, experts' placement, mapped or pinned weights, KV types; and the weights'
+buffer types), else measures one (about 10 s for the 1.5B Q4_K_M target on a 2-core CPU, batch
+sizes 1 to 64, less for smaller tiers) and stores it, unless the machine was too busy to
+measure (:data:`LOADED_SPREAD`). ``refresh`` measures again (``pyramid-gguf calibrate``). On a
+shared VM the ratios move by about 10% between calibrations (``c(3) / c(1)`` 2.19-2.65 in six
+back to back on a 2-core EPYC VM).
 
 - :func:`measure_curve`: the median of ``repeats`` timings of one evaluation of ``n`` tokens
   after a short prefix, all ``n`` logits rows read, as a verification reads them; the sizes
   are timed in interleaved rounds, so a slow spell of a shared machine spoils one round's
   timings, never most timings of one size (and the median, unlike the fastest, is the cost a
-  generation typically pays).
+  generation typically pays). :func:`summarize` keeps what was measured: a curve that
+  flattens or falls (a kernel change, llama.cpp's op offload from 32 tokens on a split tier)
+  stays so, and only a dip within a size's own noise is smoothed.
 - :func:`probe_identity`: the largest batch whose logits rows are bit-identical to evaluating
   the same tokens one at a time (``--strict-identity`` splits verifications into such batches).
 """
@@ -22,8 +27,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +37,85 @@ import numpy as np
 from ...core.home import cache_home, unwritable
 from ...native import NativeModel, build_id
 from ..pricing.costs import CostCurve
+from .rollback_cost import measure_rollback, needs_rollback_pricing
 from .tiers import ModelTier
 
-#: Batch sizes timed; the others up to :data:`MAX_N` are interpolated.
-SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
-MAX_N = 16
-CACHE_VERSION = 2
+#: Batch sizes timed; the others up to :data:`MAX_N` are interpolated. They reach past 32, where
+#: llama.cpp starts offloading the ops of CPU-held weights to a GPU (op offload: each such batch
+#: copies those weights to the card), so a split tier's curve shows the flat stretch a long
+#: verification block buys.
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
+MAX_N = 64
+#: Largest batch the identity probe tries (``--strict-identity`` splits longer ones).
+IDENTITY_MAX = 16
+CACHE_VERSION = 3
 PREFIX = 48
 #: Rounds over :data:`SIZES` (each size keeps its median round).
 REPEATS = 3
+#: A measurement whose repeats typically spread by more than this share of their median (the
+#: median over sizes of (slowest - fastest) / median) was taken on a busy machine: it is
+#: measured again, and not cached if the second try is as noisy. Quiet 2-core VMs spread
+#: 1-6%; beside a compile, 30% and more.
+LOADED_SPREAD = 0.15
+#: Measurements of a tier before giving up on a quiet one.
+ATTEMPTS = 2
+#: Seconds of a size's spread that are no sign of load (a thread's wake-up, the timer): tiny
+#: models' evaluations take a millisecond and spread by half of it on any machine.
+JITTER = 1e-3
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What one size's repeats measured: their median and spread, in seconds."""
+
+    n: int
+    median: float
+    low: float
+    high: float
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median, less :data:`JITTER`: this size's noise, relative."""
+        return max(self.high - self.low - JITTER, 0.0) / self.median if self.median > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured cost curve, the timings behind it and how noisy they were."""
+
+    curve: CostCurve
+    timed: tuple[Timed, ...]
+
+    @property
+    def spread(self) -> float:
+        """The typical relative spread of a size's repeats (median over the sizes)."""
+        return float(np.median([t.spread for t in self.timed])) if self.timed else 0.0
+
+    @property
+    def loaded(self) -> bool:
+        """Measured on a busy machine (:data:`LOADED_SPREAD`)."""
+        return self.spread > LOADED_SPREAD
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """A tier's cost curve and, when probed, its largest identity-preserving batch."""
+    """A tier's cost curve and, when probed, its largest identity-preserving batch.
+
+    ``timed``: the sizes measured and their noise (empty when read from an older cache);
+    ``loaded``: measured on a busy machine, so not cached."""
 
     curve: CostCurve
     identity_batch: int | None = None
     measured: bool = False  # measured now rather than read from the cache
+    timed: tuple[Timed, ...] = ()
+    loaded: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"curve": self.curve.to_dict(), "identity_batch": self.identity_batch}
+        return {
+            "curve": self.curve.to_dict(),
+            "identity_batch": self.identity_batch,
+            "timed": [[t.n, t.median, t.low, t.high] for t in self.timed],
+        }
 
 
 def _tokens(model: NativeModel, count: int, seed: int) -> list[int]:
@@ -62,16 +125,42 @@ def _tokens(model: NativeModel, count: int, seed: int) -> list[int]:
     return [int(t) for t in rng.integers(low, max(low + 1, model.n_vocab - 1), size=count)]
 
 
+def summarize(rounds: Mapping[int, Sequence[float]]) -> Measured:
+    """The cost curve of timings ``rounds[n]`` (seconds of each repeat at size ``n``).
+
+    Each size keeps its median. A median below the size before it is lifted to that size's
+    value only when the fall is within its own noise (its repeats' range): a curve
+    that really flattens or falls (a kernel change, op offload past 32 tokens) is recorded as
+    measured, and smoothing never lifts a point above its measurement by more than noise.
+    Sizes between measured ones are interpolated linearly.
+    """
+    timed = tuple(
+        Timed(n, float(np.median(r)), float(min(r)), float(max(r)))
+        for n, r in sorted(rounds.items())
+    )
+    values: list[float] = []
+    for t in timed:
+        value = t.median
+        if values and value < values[-1] <= value + (t.high - t.low):
+            value = values[-1]
+        values.append(value)
+    xs = [t.n for t in timed]
+    seconds = np.interp(range(1, xs[-1] + 1), xs, values)
+    # Microseconds: what the cache stores, so a fresh and a cached curve decide alike.
+    curve = CostCurve(tuple(max(round(float(s), 6), 1e-6) for s in seconds))
+    return Measured(curve, timed)
+
+
 def measure_curve(
     model: NativeModel,
     *,
     sizes: tuple[int, ...] = SIZES,
     repeats: int = REPEATS,
     prefix: int = PREFIX,
-) -> CostCurve:
-    """Seconds of one evaluation of ``n`` tokens for ``n`` up to ``max(sizes)``, timed at
-    ``sizes`` (``repeats`` rounds over all of them, the median per size) and interpolated
-    between them (the cache is emptied after)."""
+) -> Measured:
+    """Time one evaluation of ``n`` tokens at each of ``sizes`` (``repeats`` rounds over all of
+    them, interleaved), all ``n`` logits rows read as a verification reads them, after a
+    ``prefix``; :func:`summarize` makes the curve (the cache is emptied after)."""
     prefix_tokens = _tokens(model, prefix, seed=1)
     batch = _tokens(model, max(sizes), seed=2)
     model.reset()
@@ -84,15 +173,11 @@ def measure_curve(
             t0 = time.perf_counter()
             model.eval(batch[:n], range(n))
             rounds[n].append(time.perf_counter() - t0)
-    timed = {n: float(np.median(r)) for n, r in rounds.items()}
     model.reset()
-    xs = sorted(timed)
-    seconds = np.interp(range(1, max(sizes) + 1), xs, [timed[x] for x in xs])
-    # Microseconds: what the cache stores, so a fresh and a cached curve decide alike.
-    return CostCurve(tuple(max(round(float(s), 6), 1e-6) for s in np.maximum.accumulate(seconds)))
+    return summarize(rounds)
 
 
-def probe_identity(model: NativeModel, *, max_n: int = MAX_N) -> int:
+def probe_identity(model: NativeModel, *, max_n: int = IDENTITY_MAX) -> int:
     """The largest ``n <= max_n`` such that every batch of up to ``n`` tokens gives logits
     bit-identical to one-token decoding, at two prefix lengths (cache emptied after)."""
     safe = max_n
@@ -111,25 +196,28 @@ def probe_identity(model: NativeModel, *, max_n: int = MAX_N) -> int:
     return safe
 
 
+#: Load settings that do not change what an evaluation costs (the context's size barely does;
+#: ``strict_identity`` splits batches by the probed size, priced from the same curve).
+_NOT_KEYED = frozenset({"n_ctx", "parallel", "strict_identity", "force_snapshot_rollback"})
+
+
 def cache_key(model: NativeModel) -> dict[str, Any]:
-    """What a calibration depends on: the file, the llama.cpp build, the load settings, and for
-    a model on RPC servers the link (measured again through another endpoint)."""
+    """What a calibration depends on: the file, the llama.cpp build, the load settings (every
+    field of its :class:`~pyramid_gguf.core.load.LoadConfig` that moves a cost: threads,
+    offload, placement of experts, mapped or pinned weights, KV types, RPC servers and the
+    rest), where llama.cpp put the weights, and this key's version."""
     path = model.path.resolve()
     st = path.stat()
-    cfg = model.cfg
-    remote = {"rpc": [*cfg.rpc, cfg.rpc_output]} if cfg.rpc else {}  # a link's costs are its own
+    load = {k: v for k, v in asdict(model.cfg).items() if k not in _NOT_KEYED}
+    if kind := getattr(model, "kind", None):  # the target's MTP head: its file, not its cost
+        load["kind"] = kind
     return {
-        **remote,
         "version": CACHE_VERSION,
         "file": str(path),
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
         "build": build_id(),
-        "threads": [cfg.n_threads, cfg.n_threads_batch],
-        "n_gpu_layers": cfg.n_gpu_layers,
-        "n_batch": cfg.n_batch,
-        "flash_attn": cfg.flash_attn,
-        "kv": [cfg.type_k, cfg.type_v],
+        "load": json.loads(json.dumps(load, default=str)),
         "placement": model.placement.kind,
         "weights": model.weight_buffers,
     }
@@ -146,7 +234,8 @@ def _read(path: Path, key: dict[str, Any]) -> Calibration | None:
         if data.get("key") != key:
             return None
         batch = data.get("identity_batch")
-        return Calibration(CostCurve.from_dict(data["curve"]), batch)
+        timed = tuple(Timed(int(n), *map(float, rest)) for n, *rest in data.get("timed", []))
+        return Calibration(CostCurve.from_dict(data["curve"]), batch, timed=timed)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -162,6 +251,25 @@ def _write(path: Path, key: dict[str, Any], cal: Calibration) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def measure_quietly(
+    model: NativeModel,
+    say: Callable[[str], None] | None = None,
+    *,
+    attempts: int = ATTEMPTS,
+) -> Measured:
+    """:func:`measure_curve`, again while the machine looks busy (:attr:`Measured.loaded`), up
+    to ``attempts`` times; the least noisy measurement (still ``loaded`` when none was quiet)."""
+    best = measure_curve(model)
+    for _ in range(attempts - 1):
+        if not best.loaded:
+            break
+        if say is not None:
+            say(f"the machine looks busy (repeats spread {best.spread:.0%}): measuring again")
+        again = measure_curve(model)
+        best = again if again.spread < best.spread else best
+    return best
+
+
 def calibrate(
     tier: ModelTier,
     *,
@@ -173,7 +281,9 @@ def calibrate(
 
     Measuring empties the tier's KV cache (the next prompt is evaluated afresh). ``say``
     hears one line before anything is measured, saying whether the result can be cached (a
-    ``$PYRAMID_GGUF_HOME`` that cannot be written only costs measuring again next time).
+    ``$PYRAMID_GGUF_HOME`` that cannot be written only costs measuring again next time), and
+    one more when the machine is too busy for a curve worth keeping: such a curve is used for
+    this run and measured again next time, so one busy minute does not price a machine forever.
     """
     model = tier.loaded
     key = cache_key(model)
@@ -186,9 +296,21 @@ def calibrate(
         where = "cached afterwards" if problem is None else f"not cached: {path.parent}: {problem}"
         machine = f"through RPC {','.join(model.cfg.rpc)}" if model.cfg.rpc else "on this machine"
         say(f"measuring batch costs of {model.path.name} {machine} ({where})")
-    curve = cached.curve if cached is not None else measure_curve(model)
+    if cached is not None:
+        curve, timed, loaded = cached.curve, cached.timed, False
+    else:
+        measured = measure_quietly(model, say)
+        curve, timed, loaded = measured.curve, measured.timed, measured.loaded
+        if loaded and say is not None:
+            say(
+                f"{model.path.name}: repeats spread {measured.spread:.0%} (busy machine): "
+                "using this curve now, not caching it"
+            )
+    if needs_rollback_pricing(model) and not curve.rollback:
+        # a hybrid or recurrent cache: what a rejected round pays to roll back
+        curve = curve.with_rollback(measure_rollback(model))
     batch = probe_identity(model) if probe else None
-    cal = Calibration(curve, batch, measured=True)
-    if problem is None:
+    cal = Calibration(curve, batch, measured=True, timed=timed, loaded=loaded)
+    if problem is None and not loaded:
         _write(path, key, cal)
     return cal

@@ -10,8 +10,8 @@ tiers; :func:`load_ladder` loads one from a :class:`~pyramid_gguf.core.ladder.La
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, overload
+from dataclasses import dataclass, replace
+from typing import Literal, cast, overload
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ...core.files import check_gguf_path
 from ...core.ladder import NGRAM, LadderPaths, LadderShape, NGram
 from ...core.load import LoadConfig
 from ...models.vocab_check import check_same_vocabulary
-from ...native import EvalTimer, ModelSequence, NativeModel, Vocab
+from ...native import EvalTimer, ModelSequence, MtpSequence, NativeModel, Vocab
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -176,8 +176,13 @@ def load_ladder(
     models: dict[str, NativeModel] = {}
     try:
         for tier in reversed(files):  # target first: the others are checked against it
-            models[tier] = NativeModel(files[tier], (tier_loads or {}).get(tier, load))
+            cfg = (tier_loads or {}).get(tier, load)
+            if tier == "target" and paths.mtp:
+                cfg = replace(cfg, load_mtp=True)
+            models[tier] = NativeModel(files[tier], cfg)
         check_same_vocabulary(list(models.values()))
+        if paths.mtp:  # the target's own head drafts: a model tier named draft
+            models["draft"] = cast(NativeModel, MtpSequence(models["target"]))
     except BaseException:
         for m in models.values():
             m.close()

@@ -1,0 +1,102 @@
+"""``auto``'s pricing against the replay behind ``plan``: on traces whose proposals are kept
+independently, token by token (what the pricing assumes), the two agree.
+
+The pricing (:meth:`Chain.price`) promises each chain's best round a rate: expected committed
+tokens per second at its block size ``k`` (and a pyramid's ``l_d``). The replay
+(:func:`replay_trace`) runs that same round, every round, through the real schedulers over
+scripted tiers and charges each evaluation on the same cost curves. Where acceptance is
+independent per token, the promise must be what the replay measures: here within 5%, with
+blocks up to 64 tokens, on a CPU-shaped curve and on a flat (GPU-like) one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyramid_gguf.core.spec import SpecConfig
+from pyramid_gguf.decoding.offline.replay import replay_trace
+from pyramid_gguf.decoding.offline.traces import TierTrace, Trace
+from pyramid_gguf.decoding.pricing.chains import Chain, StageRule
+from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.runtime.auto import ROUND_OVERHEAD
+
+N = 1500
+EXACT = StageRule("exact")
+DRAFT = CostCurve.shaped(0.004, 0.003)
+QUALIFIER = CostCurve.shaped(0.015, 0.010)
+CURVES = {
+    "cpu": CostCurve.shaped(0.040, 0.030),  # each token costs most of another
+    "flat": CostCurve.shaped(0.100, 0.002),  # a split target past op offload: nearly flat
+}
+
+
+def _follow(rng: np.random.Generator, upper: tuple[int, ...], rate: float) -> tuple[int, ...]:
+    """A tier whose argmax is ``upper``'s with probability ``rate`` at each position, alone."""
+    fresh = iter(range(10**6, 10**7))
+    return tuple(u if rng.random() < rate else next(fresh) for u in upper)
+
+
+def _trace(keep_qt: float, keep_dq: float, *, draft_over: str, seed: int) -> Trace:
+    """A target answer of :data:`N` distinct tokens (no n-gram repeats), a qualifier keeping
+    ``keep_qt`` of it and a draft keeping ``keep_dq`` of ``draft_over``'s argmaxes."""
+    rng = np.random.default_rng(seed)
+    answer = tuple(range(1000, 1000 + N))
+    qualifier = _follow(rng, answer, keep_qt)
+    draft = _follow(rng, qualifier if draft_over == "qualifier" else answer, keep_dq)
+
+    def tier(argmax: tuple[int, ...]) -> TierTrace:
+        return TierTrace(argmax, (0.9,) * N, (0.5,) * N)
+
+    return Trace(
+        "k", "s", tuple(range(1, 11)), answer, {"qualifier": tier(qualifier), "draft": tier(draft)}
+    )
+
+
+def _agreement(lower: tuple[int, ...], upper: tuple[int, ...]) -> float:
+    return float(np.mean([a == b for a, b in zip(lower, upper, strict=True)]))
+
+
+@pytest.mark.parametrize("curve", sorted(CURVES))
+@pytest.mark.parametrize("keep", [0.6, 0.9])
+def test_a_drafts_price_is_what_its_replay_measures(curve: str, keep: float) -> None:
+    trace = _trace(keep, keep, draft_over="answer", seed=int(keep * 100))
+    realized = _agreement(trace.tiers["draft"].argmax, trace.answer)
+    costs = {"target": CURVES[curve], "draft": DRAFT}
+    chain = Chain("draft", ("draft", "target"), (EXACT,))
+    best = chain.price(costs, ((realized, realized),), 64, overhead=ROUND_OVERHEAD).best
+    assert best is not None
+    replayed = replay_trace(trace, costs, SpecConfig(mode="sd", l_d=best.k))
+    assert replayed.tps == pytest.approx(best.rate, rel=0.05)
+
+
+@pytest.mark.parametrize("curve", sorted(CURVES))
+@pytest.mark.parametrize(("keep_qt", "keep_dq"), [(0.6, 0.8), (0.95, 0.8), (0.9, 0.5)])
+def test_a_pyramids_price_is_what_its_replay_measures(
+    curve: str, keep_qt: float, keep_dq: float
+) -> None:
+    """Long blocks included: the qualifier's buffer is as long as the target's block, and its
+    last check of a buffer drafts only what the buffer has room for."""
+    trace = _trace(keep_qt, keep_dq, draft_over="qualifier", seed=int(keep_qt * 100))
+    a_qt = _agreement(trace.tiers["qualifier"].argmax, trace.answer)
+    a_dq = _agreement(trace.tiers["draft"].argmax, trace.tiers["qualifier"].argmax)
+    costs = {"target": CURVES[curve], "qualifier": QUALIFIER, "draft": DRAFT}
+    chain = Chain("pyramid", ("draft", "qualifier", "target"), (EXACT, EXACT))
+    best = chain.price(costs, ((a_dq, a_dq), (a_qt, a_qt)), 64, overhead=ROUND_OVERHEAD).best
+    assert best is not None
+    spec = SpecConfig(mode="psd-exact", l_d=best.l_d, l_q=best.k)
+    replayed = replay_trace(trace, costs, spec)
+    assert replayed.tps == pytest.approx(best.rate, rel=0.05)
+
+
+def test_a_flat_curve_buys_long_blocks() -> None:
+    """Where the target checks many tokens for about the price of one, the pricing reaches far
+    past the old 16-token cap; on a CPU-shaped curve it stays short."""
+    keeps = ((0.95, 0.95),)
+    chain = Chain("draft", ("draft", "target"), (EXACT,))
+    flat = chain.price(
+        {"target": CURVES["flat"], "draft": CostCurve.shaped(0.001, 0.001)}, keeps, 64, overhead=0.0
+    ).best
+    steep = chain.price({"target": CURVES["cpu"], "draft": DRAFT}, keeps, 64, overhead=0.0).best
+    assert flat is not None and steep is not None
+    assert flat.k > 16 > steep.k
