@@ -480,3 +480,18 @@ def test_finished_and_cancelled_requests_are_counted_apart(
         after = p.snapshot()
         assert after.completed - before.completed == 1
         assert after.cancelled - before.cancelled == 1
+
+
+def test_the_step_split_adds_up(ladder: Callable[..., Pyramid]) -> None:
+    """The batcher's counters split the running time: llama_decode inside each batch, the gaps
+    between batches into the slots' work and the hand-off, batches of several slots apart."""
+    with ladder("target") as p:
+        together(p, [[1, 5, 9], [2, 6, 10], [3, 7, 11]], SamplingConfig(max_tokens=6))
+        c = p.snapshot().batches
+    assert c.batches > 0 and c.shared_batches > 0
+    assert 0 < c.decode_seconds <= c.seconds
+    assert 0 < c.shared_decode_seconds <= c.shared_seconds <= c.seconds
+    assert c.gap_seconds == pytest.approx(c.work_seconds + c.handoff_seconds)
+    assert c.shared_gap_seconds <= c.gap_seconds + 1e-9
+    assert 0.0 <= c.outside() < 1.0
+    assert c.wake_seconds >= 0 and c.slot_seconds > 0
