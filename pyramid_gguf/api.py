@@ -27,7 +27,7 @@ from . import native  # isort: skip  # noqa: F401
 # isort: split
 from .chat import ChatTemplate, ToolRequest
 from .core.errors import UserError
-from .core.ladder import LadderPaths, NGram
+from .core.ladder import Drafter, LadderPaths
 from .core.load import LoadConfig
 from .core.remote import RpcConfig
 from .core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
@@ -123,7 +123,7 @@ class Pyramid(LadderFacts):
 
     @classmethod
     def from_paths(
-        cls, target: str | Path, *, draft: str | Path | NGram | None = None,
+        cls, target: str | Path, *, draft: str | Path | Drafter | None = None,
         qualifier: str | Path | None = None, load: LoadConfig | None = None,
         spec: SpecConfig | None = None, name: str | None = None, vram: str | int | None = None,
         ram: str | int | None = None,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pyramid_gguf.planning.compose import DeviceProfile, Shape
+from pyramid_gguf.planning.compose import MAX_N, DeviceProfile, Shape
 from pyramid_gguf.planning.hardware import (
     DEVICES_DIR,
     CpuModel,
@@ -33,6 +33,7 @@ from pyramid_gguf.planning.hardware import (
     Work,
     cpu_compute,
     fit_cpu,
+    fit_cpu_gemm,
     fit_figures,
     fit_gpu,
     load_published,
@@ -89,14 +90,36 @@ def price(
     models: Mapping[str, ModelFacts],
     gpu: GpuModel,
     cpu: CpuModel,
+    gemm: Mapping[str, CpuModel] | None = None,
 ) -> list[Row]:
+    """Every figure the models can price, predicted (a CPU's large batches by the
+    ``gemm_rate`` of its ISA: ``gemm[spec.isa]``, else ``cpu``'s)."""
     rows = []
     for f in figures:
         for kind, model in (("gpu", gpu), ("cpu", cpu)):
             if priced(f, specs, kind):
-                seconds = model.seconds(specs[str(f.card)], f.work(models))
+                spec = specs[str(f.card)]
+                if kind == "cpu" and gemm:
+                    model = gemm.get(spec.isa, cpu)
+                seconds = model.seconds(spec, f.work(models))
                 rows.append(Row(f, f.n / seconds))
     return rows
+
+
+def fit_gemm(
+    figures: Sequence[Figure],
+    specs: Mapping[str, Spec],
+    models: Mapping[str, ModelFacts],
+    cpu: CpuModel,
+) -> dict[str, CpuModel]:
+    """The CPU model per vector ISA, its large-batch rate fitted to that ISA's prompt figures
+    marked ``fit`` (published pp512 of llama.cpp's CPU backend)."""
+    prompt = [f for f in fit_figures(figures, specs, "cpu") if f.n > MAX_N]
+    isas = sorted({specs[str(f.card)].isa for f in prompt})
+    return {
+        isa: fit_cpu_gemm([f for f in prompt if specs[str(f.card)].isa == isa], specs, models, cpu)
+        for isa in isas
+    }
 
 
 def predicted(profile: DeviceProfile) -> dict[str, Any]:
@@ -144,7 +167,7 @@ def write_profile(
             **(
                 {"sms": spec.sms, "boost_mhz": round(spec.boost_ghz * 1000)}
                 if spec.kind == "gpu"
-                else {"cores": spec.cores, "memory": spec.memory}
+                else {"cores": spec.cores, "memory": spec.memory, "isa": spec.isa}
             ),
             "basis": basis,
             "sources": [*spec.sources, *figure_sources],
@@ -303,13 +326,15 @@ def main() -> None:
     gpu_fit = fit_figures(figures, specs, "gpu")
     gpu = fit_gpu(gpu_fit, specs, models)
     core_rate, slope = cpu_compute(DeviceProfile.load(DEVICES_DIR / "cpu.json"), cores=2)
-    cpu = fit_cpu(fit_figures(figures, specs, "cpu"), specs, models, core_rate, slope)
-    rows = price(figures, specs, models, gpu, cpu)
+    steps = [f for f in fit_figures(figures, specs, "cpu") if f.n <= MAX_N]
+    cpu = fit_cpu(steps, specs, models, core_rate, slope)
+    gemm = fit_gemm(figures, specs, models, cpu)
+    rows = price(figures, specs, models, gpu, cpu, gemm)
     profiles: dict[str, tuple[Spec, DeviceProfile, str]] = {}
     for spec in specs.values():
         if not spec.ship:
             continue
-        model: GpuModel | CpuModel = gpu if spec.kind == "gpu" else cpu
+        model: GpuModel | CpuModel = gpu if spec.kind == "gpu" else gemm.get(spec.isa, cpu)
         mine = card_rows(rows, spec.slug)
         basis = basis_of(mine)
         source = (
@@ -323,6 +348,11 @@ def main() -> None:
         if not args.no_write:
             write_profile(spec, profile, mine, models, model.to_dict())
     print(report(rows, profiles, models, gpu, cpu, len(gpu_fit), args.markdown))
+    print(
+        "CPU large-batch (prompt) rate per ISA, fitted to published pp512: "
+        + json.dumps({isa: m.to_dict().get("gemm_rate_gb") for isa, m in gemm.items()})
+        + " GB x tokens / s per core"
+    )
 
 
 if __name__ == "__main__":

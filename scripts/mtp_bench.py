@@ -39,7 +39,7 @@ from pyramid_gguf.decoding.runtime.tiers import ModelTier
 
 PROMPT = "the model of the tree is a graph of the data"
 SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds, speed:\s*([0-9.]+)\s*t/s")
-COUNT = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
+COUNT = re.compile(r"\b(n_predict|n_drafted|n_accept)\s*=\s*(\d+)")
 TG = re.compile(r"\|\s*tg(\d+)\s*\|\s*([0-9.]+)\s*±")
 
 
@@ -97,23 +97,29 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def peer(args: argparse.Namespace) -> dict[str, Any]:
+    """One ``llama-speculative-simple --spec-type draft-mtp`` run: tok/s, rounds and tokens
+    kept per round. With ``draft-mtp`` it keeps ``n_rs_seq = n_max`` recurrent snapshots
+    (``need_n_rs_seq``), so every round commits ``ids`` (kept drafts plus one) with no
+    checkpoint replay: rounds = ``n_predict - n_accept`` exactly (the last round may draft
+    fewer than ``k`` tokens, so ``n_drafted // k`` undercounts)."""
     exe = peer_bin(args.peer_home, "llama-speculative-simple")
     cmd = [str(exe), "-m", str(args.model), "--spec-type", "draft-mtp"]
     cmd += ["--spec-draft-n-max", str(args.k), "-p", PROMPT, "-n", str(args.n), "--temp", "0"]
-    cmd += ["-t", str(args.threads), "-tb", str(args.threads), "-c", "1024"]
-    text = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-    text += subprocess.run(cmd, capture_output=True, text=True, check=False).stderr
+    cmd += ["-t", str(args.threads), "-tb", str(args.threads), "-c", "1024", "--ignore-eos"]
+    done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False)
+    text = done.stdout + done.stderr
     m = SPEED.search(text)
     counts = {k: int(v) for k, v in COUNT.findall(text)}
-    if m is None or "n_drafted" not in counts:
-        raise RuntimeError("llama-speculative-simple printed no speed:\n" + text[-2000:])
+    if m is None or "n_accept" not in counts or "checkpoints" in text:
+        raise RuntimeError("llama-speculative-simple: no speed, or checkpoints:\n" + text[-2000:])
     n, secs = int(m.group(1)), float(m.group(2))
-    rounds = max(counts["n_drafted"] // args.k, 1)
+    rounds = max(counts["n_predict"] - counts["n_accept"], 1)
     return {
         "tok_s": float(m.group(3)),
         "tokens": n,
         "seconds": secs,
         "rounds": rounds,
+        "drafted_per_round": counts["n_drafted"] / rounds,
         "kept_per_round": counts["n_accept"] / rounds,
         "round_s": secs / rounds,
     }
@@ -123,7 +129,7 @@ def bench(args: argparse.Namespace) -> float:
     exe = peer_bin(args.peer_home, "llama-bench")
     cmd = [str(exe), "-m", str(args.model), "-t", str(args.threads), "-p", "0"]
     cmd += ["-n", str(args.n), "-r", "2"]
-    text = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+    text = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False).stdout
     m = TG.search(text)
     if m is None:
         raise RuntimeError("llama-bench printed no tg figure:\n" + text[-2000:])
@@ -166,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  llama.cpp draft-mtp: {peer_round * 1e3:.1f} ms a round at {kept:.2f} kept; ours "
         f"there {ours_at * 1e3:.1f} ms: {ours_at / peer_round:.2f}x"
+    )
+    sd_runs = [r["ours"]["sd"] for r in runs]
+    sd_round = med(x["tokens"] / x["tok_s"] / max(x["rounds"], 1) for x in sd_runs)
+    sd_kept = med(x["tokens"] / max(x["rounds"], 1) - 1 for x in sd_runs)
+    print(
+        f"  end to end: ours sd+mtp {sd_round * 1e3:.1f} ms a round at {sd_kept:.2f} kept, "
+        f"llama.cpp {peer_round * 1e3:.1f} ms at {kept:.2f}: {sd_round / peer_round:.2f}x"
     )
     sd = med(r["ours"]["sd"]["tok_s"] for r in runs)
     peer_tok = med(r["peer"]["tok_s"] for r in runs)

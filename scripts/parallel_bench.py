@@ -237,6 +237,8 @@ class Record:
     wall: float = 0.0
     finish_reason: str | None = None
     error: str | None = None
+    #: llama-server's own ``timings`` of the request (final chunk): ms per generated token.
+    ms_per_token: float = float("nan")
 
 
 def body(args: argparse.Namespace, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -284,6 +286,9 @@ def chat(client: httpx.Client, base: str, payload: dict[str, Any], index: int) -
                         rec.chunks += 1
                     if choice.get("finish_reason"):
                         rec.finish_reason = choice["finish_reason"]
+                timings = event.get("timings") or {}
+                if timings.get("predicted_per_token_ms") is not None:
+                    rec.ms_per_token = float(timings["predicted_per_token_ms"])
                 usage = event.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
                     rec.tokens, rec.usage = int(usage["completion_tokens"]), True
@@ -477,6 +482,13 @@ def measure(args: argparse.Namespace, server: str, repeat: int) -> Run:
     for name, phase in (("one at a time", solo), ("all at once", together)):
         if line := split_line(name, phase.metrics):
             print(line, flush=True)
+        own = [r.ms_per_token for r in phase.records if r.ms_per_token == r.ms_per_token]
+        if own:  # llama-server's: with every slot decoding, a token per slot per step
+            print(
+                f"    {name}: ms per generated token by llama-server's own timings, median "
+                f"{statistics.median(own):.1f} (of {len(own)} requests)",
+                flush=True,
+            )
     return run
 
 

@@ -125,3 +125,36 @@ def test_mtp_logits_follow_its_input_states(mtp_pyramid: Pyramid) -> None:
     without = head.score([*ctx, 5], [])[0]
     head.model.reset()
     assert not np.allclose(with_states, without)
+
+
+def test_mtp_bench_counts_llama_cpp_rounds_by_committed_tokens(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """scripts/mtp_bench.py: each round of llama.cpp's draft-mtp commits its kept drafts plus
+    one token, so rounds are n_predict - n_accept, even when the last round drafts fewer than
+    k; a run that fell back to checkpoint replay (no n_rs_seq) is refused, not timed."""
+    import argparse
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import mtp_bench
+
+    # 3 rounds keeping 3 of k = 3 (12 tokens), then one keeping 1 of the 2 it could draft.
+    log = "decoded   14 tokens in    0.700 seconds, speed:   20.000 t/s\n"
+    log += "n_draft   = 3\nn_predict = 14\nn_drafted = 11\nn_accept  = 10\n"
+    out = {"text": log}
+
+    def run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        assert "draft-mtp" in cmd and "--ignore-eos" in cmd
+        return subprocess.CompletedProcess(cmd, 0, "", out["text"])
+
+    monkeypatch.setattr(mtp_bench, "peer_bin", lambda home, name: tmp_path / name)
+    monkeypatch.setattr(mtp_bench.subprocess, "run", run)
+    args = argparse.Namespace(peer_home=tmp_path, model=tmp_path / "m.gguf", k=3, n=13, threads=2)
+    r = mtp_bench.peer(args)
+    assert r["rounds"] == 4 and r["kept_per_round"] == pytest.approx(10 / 4)
+    assert r["round_s"] == pytest.approx(0.7 / 4)
+    out["text"] = "speculative decoding will use checkpoints\n" + log
+    with pytest.raises(RuntimeError, match="checkpoints"):
+        mtp_bench.peer(args)

@@ -12,7 +12,7 @@ from cost_curves import AVX512, CPU_DRAFT, GPU, GPU_DRAFT
 from pyramid_gguf.decoding.pricing import policy
 from pyramid_gguf.decoding.pricing.chains import (
     price_draft,
-    price_ngram,
+    price_lookup,
     price_plain,
     price_pyramid,
 )
@@ -43,13 +43,13 @@ def test_cost_curve_extrapolates_and_chunks() -> None:
 def test_ngram_block_follows_the_cost_curve() -> None:
     """On the AVX-512 curve a 4-token batch is cheap and a 5-token one dear: with copying
     that is almost always kept, auto proposes 3 tokens (a batch of 4), not 4."""
-    option = price_ngram(AVX512, 0.9, 0.95, available=16, max_k=7, overhead=0.0).allowed
+    option = price_lookup("ngram", AVX512, 0.9, 0.95, available=16, max_k=7, overhead=0.0).allowed
     assert option is not None and option.k == 3
     # on a flat curve the same proposals are worth a long block
-    flat = price_ngram(GPU, 0.9, 0.95, available=16, max_k=16, overhead=0.0).allowed
+    flat = price_lookup("ngram", GPU, 0.9, 0.95, available=16, max_k=16, overhead=0.0).allowed
     assert flat is not None and flat.k > 8
     # a weak match does not pay on the CPU: plain decoding wins
-    weak = price_ngram(AVX512, 0.3, 0.6, available=16, max_k=7, overhead=0.0).allowed
+    weak = price_lookup("ngram", AVX512, 0.3, 0.6, available=16, max_k=7, overhead=0.0).allowed
     assert policy.choose(price_plain(AVX512, 0.0), [weak]).chain == "target"
 
 
@@ -145,16 +145,16 @@ def test_block_size_follows_the_budget() -> None:
     """On the AVX-512 curve a copying match wants a long block; with no savings yet auto
     proposes a short one, and grows it as the generation saves."""
     base = price_plain(AVX512, 0.0)
-    free = price_ngram(AVX512, 0.95, 0.95, available=8, max_k=8, overhead=0.0).allowed
+    free = price_lookup("ngram", AVX512, 0.95, 0.95, available=8, max_k=8, overhead=0.0).allowed
     budget = policy.Budget(base, 0.0)
-    pick = price_ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, budget)
+    pick = price_lookup("ngram", AVX512, 0.95, 0.95, 8, 8, 0.0, budget)
     short = pick.allowed
     assert free is not None and short is not None and short.k < free.k
     assert short.seconds - base.seconds <= base.seconds
     assert pick.refused and pick.best == free  # the block it would run, budget aside
-    rich = price_ngram(AVX512, 0.95, 0.95, 8, 8, 0.0, policy.Budget(base, 1.0))
+    rich = price_lookup("ngram", AVX512, 0.95, 0.95, 8, 8, 0.0, policy.Budget(base, 1.0))
     assert rich.allowed == free and not rich.refused
-    weak = price_ngram(AVX512, 0.65, 0.8, 8, 8, 0.0, policy.Budget(base, 0.0))
+    weak = price_lookup("ngram", AVX512, 0.65, 0.8, 8, 8, 0.0, policy.Budget(base, 0.0))
     assert weak.allowed is None
     assert weak.refused  # worth running on average, refused for lack of savings
 

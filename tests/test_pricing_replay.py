@@ -19,6 +19,7 @@ from pyramid_gguf.decoding.offline.replay import replay_trace
 from pyramid_gguf.decoding.offline.traces import TierTrace, Trace
 from pyramid_gguf.decoding.pricing.chains import Chain, StageRule
 from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.pricing.policy import lookahead
 from pyramid_gguf.decoding.runtime.auto import ROUND_OVERHEAD
 
 N = 1500
@@ -100,3 +101,29 @@ def test_a_flat_curve_buys_long_blocks() -> None:
     steep = chain.price({"target": CURVES["cpu"], "draft": DRAFT}, keeps, 64, overhead=0.0).best
     assert flat is not None and steep is not None
     assert flat.k > 16 > steep.k
+
+
+def test_auto_drafts_on_to_where_op_offload_makes_the_batch_cheap() -> None:
+    """A split target's curve rises to 31 tokens and falls at 32 (op offload: the CPU-held
+    weights cross to the GPU once for the whole batch). Drafting token by token, each next
+    token's share of the verification is dear, while a block of 31 pays: ``auto``'s lone draft
+    looks ahead to it (:func:`~pyramid_gguf.decoding.pricing.policy.lookahead`) instead of
+    stopping at the first dear token, and comes within 15% of the best fixed block."""
+    target = CostCurve(tuple(0.30 + 0.12 * (n - 1) for n in range(1, 32)) + (0.48,) * 33)
+    costs = {"target": target, "draft": CostCurve.shaped(0.012, 0.0001)}
+    trace = _trace(0.92, 0.92, draft_over="answer", seed=7)
+    fixed = max(replay_trace(trace, costs, SpecConfig(mode="sd", l_d=k)).tps for k in (3, 31))
+    auto = replay_trace(trace, costs, SpecConfig(mode="auto"))
+    drafted = auto.auto.choices["draft"]
+    assert drafted.proposed / drafted.rounds > 16
+    assert auto.tps >= 0.85 * fixed
+
+
+def test_lookahead_is_the_marginal_rule_on_a_straight_curve() -> None:
+    """On a curve that adds the same cost per token, drafting on never gets cheaper: each
+    token must pay its own share, as before the look-ahead; a curve that falls lowers it."""
+    straight = CostCurve(tuple(0.03 + 0.01 * n for n in range(1, 66)))
+    limits = lookahead(straight, 0.9, 64)
+    assert limits == pytest.approx((0.01,) * 64)
+    falling = CostCurve(tuple(0.30 + 0.12 * (n - 1) for n in range(1, 32)) + (0.48,) * 34)
+    assert lookahead(falling, 0.9, 64)[0] < 0.12 / 3

@@ -406,7 +406,7 @@ def test_a_draft_that_pays_alone_may_not_pay_in_a_batch(
     step, as on this project's 2-core VM) and still speeds up a GPU's (extra tokens are nearly
     free)."""
     target, draft = CostCurve.shaped(1.0, per_token), CostCurve.shaped(0.1, 0.1 * per_token)
-    shape = LadderShape(("draft", "target"), False)
+    shape = LadderShape(("draft", "target"))
     chain = next(c for c in ladder_chains(shape, SpecConfig()) if c.name == "draft")
     costs = {"target": target, "draft": draft}
     solo = chain.price(costs, ((0.7, 0.7),), 8, overhead=0.0).best

@@ -72,7 +72,7 @@ def test_candidates() -> None:
     assert {c.spec.mode for c in lossless} == {"auto", "sd", "psd-exact"}
     two = candidates(base, LadderShape(("draft", "target")), max_quality_drop=0.1)
     assert {c.spec.mode for c in two} == {"auto", "sd", "fsd"}
-    ngram = candidates(base, LadderShape(("target",), ngram=True))
+    ngram = candidates(base, LadderShape(("target",), drafter="ngram"))
     assert all(c.spec.p_min == 0 for c in ngram)
     assert {c.spec.mode for c in ngram} == {"auto", "sd"}
 

@@ -51,7 +51,7 @@ def candidates(
     if not shape.has_draft:
         return out
     sd = [(4, 0.0), (2, 0.0), (8, 0.0), (6, 0.0), (3, 0.0)]
-    if not shape.ngram:  # a model draft's confidence can stop it early
+    if "draft" in shape.models:  # a model draft's confidence can stop it early
         sd[3:3] = [(8, 0.3), (6, 0.2)]
     psd = [(4, 8), (3, 8), (2, 6), (4, 12), (6, 12)] if shape.has_qualifier else []
     # interleave so a small --max-configs still covers both families

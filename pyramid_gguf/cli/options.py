@@ -18,7 +18,7 @@ import click
 
 from ..core.errors import UserError
 from ..core.grammar import Grammar
-from ..core.ladder import TIERS, LadderPaths
+from ..core.ladder import DRAFTERS, TIERS, LadderPaths
 from ..core.load import KV_TYPES, LoadConfig, default_threads
 from ..core.remote import RpcConfig
 from ..core.sampling import SAMPLER_FIELDS, SamplerField, SamplingConfig, parse_samplers
@@ -132,6 +132,32 @@ ram_option = click.option(
 )
 
 
+#: Where llama.cpp keeps the weights left on the CPU beside a GPU (``LoadConfig.use_mmap`` /
+#: ``no_host``), and the card's link the planner prices op offload over (``LoadConfig.pcie``).
+placement_options = [
+    click.option(
+        "--no-mmap",
+        "no_mmap",
+        is_flag=True,
+        help="Read the weights instead of mapping the file: beside a GPU, CPU layers go to its "
+        "pinned host buffer (op offload copies them at the link's rate; RAM not shared).",
+    ),
+    click.option(
+        "--no-host",
+        "no_host",
+        is_flag=True,
+        help="llama.cpp's --no-host: CPU layers repacked for the CPU's kernels instead of the "
+        "GPU's host buffer (faster small batches; op offload cannot copy them).",
+    ),
+    click.option(
+        "--pcie",
+        metavar="GEN:LANES",
+        default=None,
+        help="The GPU's PCIe link for predictions, e.g. 4:16, 5:8 [default: the card profile's].",
+    ),
+]
+
+
 def ladder_options(f: F) -> F:
     """``--draft/--qualifier/--target/--preset`` and how each model is loaded."""
     return _apply(
@@ -144,8 +170,10 @@ def ladder_options(f: F) -> F:
             ),
             click.option(
                 "--draft",
-                metavar="GGUF|ngram",
-                help="Draft (smallest) model, or 'ngram' for prompt lookup.",
+                metavar="|".join(["GGUF", *DRAFTERS]),
+                help="Draft (smallest) model, or a drafter: "
+                + "; ".join(f"'{d}' for {d.summary}" for d in DRAFTERS.values())
+                + ".",
             ),
             click.option(
                 "--preset",
@@ -194,6 +222,7 @@ def ladder_options(f: F) -> F:
                 "free memory per nvidia-smi): plans --n-gpu-layers per tier.",
             ),
             ram_option,
+            *placement_options,
             *rpc_options,
         ],
         f,
@@ -444,6 +473,9 @@ def load_config_from(params: dict[str, Any]) -> LoadConfig:
         parallel=params.get("parallel") or 1,
         n_cpu_moe=params.get("n_cpu_moe") or 0,
         cpu_moe=bool(params.get("cpu_moe")),
+        use_mmap=not params.get("no_mmap"),
+        no_host=bool(params.get("no_host")),
+        pcie=params.get("pcie"),
     )
 
 

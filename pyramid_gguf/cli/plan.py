@@ -42,6 +42,7 @@ from .options import (
     command,
     ctx_size_option,
     moe_options,
+    placement_options,
     ram_option,
 )
 
@@ -106,9 +107,10 @@ def format_plan(p: Plan, ram: RamBudget | None = None) -> str:
 def format_ranking(r: Ranking) -> str:
     """The ranking table: per placement, each tier's GPU layers and VRAM, plain decoding's and
     ``auto``'s predicted speed, and the chain ``auto`` ran most."""
-    w = max(20, *(len(p.placement.name) for p in r.predictions))
+    w = max(20, *(len(p.placement.label) for p in r.predictions))
     head = (
         f"{'placement':<{w}} {'draft':>13} {'qualifier':>13} {'target':>13} {'RAM GiB':>7} "
+        f"{'pp512':>7} {'TTFT s':>6} "
         f"{'plain tok/s':>11} {'llama.cpp -md':>13} {'auto tok/s':>10} {'vs best plain':>13}"
         "  auto ran"
     )
@@ -116,7 +118,9 @@ def format_ranking(r: Ranking) -> str:
         "predicted (greedy), per placement; tiers: GPU layers, VRAM MiB; llama.cpp -md: "
         "llama-server's draft-model speculation here (tok/s, d or q: the draft or the qualifier "
         "as its draft / its best --spec-draft-n-max); eN: the experts of the first N blocks in "
-        "system RAM (--n-cpu-moe N)",
+        "system RAM (--n-cpu-moe N); pinned / repacked: the CPU layers' weights loaded with "
+        "--no-mmap / --no-host (else mapped); pp512: the target's prompt tok/s, TTFT: seconds "
+        "to a first token after a 512-token prompt",
         head,
         "-" * len(head),
     ]
@@ -133,23 +137,34 @@ def format_ranking(r: Ranking) -> str:
         if p.peer is not None:
             peer = f"{p.peer.tps:.1f} {p.peer.draft[0]}/{p.peer.draft_max}"
         ram = p.placement.plan.host_bytes / GiB
+        pp = f"{p.pp512_tps:>7.1f} {p.ttft_s:>6.2f}" if p.prompt_s else f"{'-':>7} {'-':>6}"
         lines.append(
-            f"{p.placement.name:<{w}} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13} {ram:>7.1f} "
-            f"{p.plain_tps:>11.1f} {peer:>13} {p.tps:>10.1f} {p.speedup:>12.2f}x  "
+            f"{p.placement.label:<{w}} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13} {ram:>7.1f} "
+            f"{pp} {p.plain_tps:>11.1f} {peer:>13} {p.tps:>10.1f} {p.speedup:>12.2f}x  "
             f"{p.main_chain}"
         )
     for u in r.unfit:
+        if u.placement.weights != "mapped":
+            lines.append(
+                f"{u.placement.label:<{w}} does not fit the RAM: needs "
+                f"{u.host_bytes / GiB:.1f} GiB, {u.over_bytes / GiB:.1f} over; its CPU weights "
+                f"are not pages of the file, so it would not load (plain, {u.plain_tps:.1f} "
+                "tok/s if it fit)"
+            )
+            continue
         lines.append(
-            f"{u.placement.name:<{w}} does not fit the RAM: needs {u.host_bytes / GiB:.1f} GiB, "
+            f"{u.placement.label:<{w}} does not fit the RAM: needs {u.host_bytes / GiB:.1f} GiB, "
             f"{u.over_bytes / GiB:.1f} over; re-reading that from an SSD "
             f"({SSD_BYTES_PER_S / 1e9:.0f} GB/s) every token: {u.ssd_tps:.2f} tok/s at best "
             f"(plain, {u.plain_tps:.1f} if it fit)"
         )
     lines += ["-" * len(head), *r.sources()]
     best, plain = r.best, max(p.plain_tps for p in r.predictions)
+    flags = {"pinned": " (load with --no-mmap)", "repacked": " (load with --no-host)"}
     lines.append(
-        f"best: {best.placement.name}, auto predicted {best.tps:.1f} tok/s, "
-        f"{best.speedup:.2f}x the best plain decoding ({plain:.1f} tok/s)"
+        f"best: {best.placement.label}{flags.get(best.placement.weights, '')}, auto predicted "
+        f"{best.tps:.1f} tok/s, {best.speedup:.2f}x the best plain decoding ({plain:.1f} tok/s)"
+        + (f"; pp512 {best.pp512_tps:.0f} tok/s, TTFT {best.ttft_s:.2f} s" if best.prompt_s else "")
     )
     return "\n".join(lines)
 
@@ -252,6 +267,9 @@ def _profile_option(kind: str, hint: str) -> Callable[[F], F]:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @moe_options[0]
 @moe_options[1]
+@placement_options[0]
+@placement_options[1]
+@placement_options[2]
 @click.option(
     "--routes",
     "routes_path",
@@ -286,6 +304,9 @@ def plan(
     as_json: bool,
     n_cpu_moe: int,
     cpu_moe: bool,
+    no_mmap: bool,
+    no_host: bool,
+    pcie: str | None,
     routes_path: Path | None,
 ) -> None:
     """Plan GPU offload for a ladder within a VRAM budget, before or after download.
@@ -321,6 +342,9 @@ def plan(
         type_v=type_v,  # type: ignore[arg-type]
         n_cpu_moe=n_cpu_moe,
         cpu_moe=cpu_moe,
+        use_mmap=not no_mmap,
+        no_host=no_host,
+        pcie=pcie,
     )
     budget = resolve_budget(vram) if not rpc else 0
     quant: KvQuant = "auto" if kv_quant == "auto" else "off"

@@ -1,16 +1,19 @@
 """What a ladder is made of, before anything is loaded: its tier names and its files.
 
-:data:`TIERS` is the one list of tier names. A :class:`LadderPaths` says which GGUF file
-(or the n-gram drafter, :data:`NGRAM`) fills each tier; presets resolve to one, the CLI builds
-one from ``--draft/--qualifier/--target``, and the memory planner, ``tune`` and the loader
-take one.
+:data:`TIERS` is the one list of tier names. A :class:`LadderPaths` says what fills each tier:
+a GGUF file, or in the draft tier's place a named :class:`Drafter` that is no file of its own
+(``--draft ngram``: :data:`NGRAM`; ``--draft mtp``: :data:`MTP`). :data:`DRAFTERS` is the table
+of those names; the drafter kinds that run them (how each proposes and what it costs) are the
+registry of :mod:`pyramid_gguf.decoding.runtime.drafters`, which declares its kinds here.
+Presets resolve to a :class:`LadderPaths`, the CLI builds one from
+``--draft/--qualifier/--target``, and the memory planner, ``tune`` and the loader take one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from .errors import UserError
 from .modes import MODES, Mode, mode_info
@@ -18,71 +21,87 @@ from .modes import MODES, Mode, mode_info
 #: Tier names, smallest first (also the planner's placement order).
 TIERS: Final = ("draft", "qualifier", "target")
 
-
-class NGram:
-    """The n-gram (prompt lookup) drafter in the draft tier's place: no model file."""
-
-    _instance: NGram | None = None
-
-    def __new__(cls) -> NGram:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "NGRAM"
-
-    def __str__(self) -> str:
-        return "ngram"
+#: What a named drafter needs loaded: nothing (it drafts from the text: a tier of its own name
+#: in the chains), or the target's own head (a model tier named ``draft`` once loaded).
+Loads = Literal["nothing", "target-head"]
 
 
-#: The one :class:`NGram` value; ``--draft ngram`` on the command line.
-NGRAM: Final = NGram()
+@dataclass(frozen=True)
+class Drafter:
+    """A drafter in the draft tier's place that is no model file of its own, as a user names
+    it (``--draft NAME``). ``summary``: what it is, for ``--help``. ``loads``: what it needs
+    loaded (:data:`Loads`). ``everywhere``: ``auto`` offers it on every ladder, whatever fills
+    the draft tier (it needs nothing loaded)."""
 
+    name: str
+    summary: str
+    loads: Loads = "nothing"
+    everywhere: bool = False
 
-class Mtp:
-    """The target's own MTP (NextN) head in the draft tier's place: no file of its own, a
-    model tier named ``draft`` once loaded (native/mtp.py)."""
+    def __post_init__(self) -> None:
+        if self.everywhere and self.loads != "nothing":
+            raise ValueError(
+                f"drafter {self.name}: only a drafter that loads nothing is everywhere"
+            )
 
-    _instance: Mtp | None = None
-
-    def __new__(cls) -> Mtp:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    @property
+    def model(self) -> bool:
+        """Once loaded it is a model tier (named ``draft``), not a tier of its own name."""
+        return self.loads != "nothing"
 
     def __repr__(self) -> str:
-        return "MTP"
+        return self.name.upper()
 
     def __str__(self) -> str:
-        return "mtp"
+        return self.name
 
 
-#: The one :class:`Mtp` value; ``--draft mtp`` on the command line.
-MTP: Final = Mtp()
+#: The named drafters by name, in declaration order (:func:`declare`).
+DRAFTERS: dict[str, Drafter] = {}
 
 
-def draft_source(value: str | Path | NGram | Mtp | None) -> Path | NGram | Mtp | None:
-    """A draft given by a user: ``"ngram"`` is the n-gram drafter, ``"mtp"`` the target's MTP
-    head, anything else a path."""
-    if value is None or isinstance(value, NGram | Mtp):
+def declare(drafter: Drafter) -> Drafter:
+    """Add ``drafter`` to :data:`DRAFTERS` (again: no change); another drafter of the same
+    name is an error."""
+    known = DRAFTERS.setdefault(drafter.name, drafter)
+    if known != drafter:
+        raise ValueError(f"two drafters named {drafter.name!r}: {known} and {drafter}")
+    return drafter
+
+
+def withdraw(name: str) -> None:
+    """Remove the drafter ``name`` from :data:`DRAFTERS` (a test's toy kind)."""
+    DRAFTERS.pop(name, None)
+
+
+#: The n-gram (prompt lookup) drafter; ``--draft ngram`` on the command line.
+NGRAM: Final = declare(
+    Drafter("ngram", "prompt lookup (what followed the text's last words before)", everywhere=True)
+)
+#: The target's own MTP (NextN) head (native/mtp.py); ``--draft mtp`` on the command line.
+MTP: Final = declare(Drafter("mtp", "the target's own MTP head", "target-head"))
+
+
+def draft_source(value: str | Path | Drafter | None) -> Path | Drafter | None:
+    """A draft given by a user: the name of a drafter in :data:`DRAFTERS` (``"ngram"``,
+    ``"mtp"``) is that drafter, anything else a path."""
+    if value is None or isinstance(value, Drafter):
         return value
-    if str(value) == "ngram":
-        return NGRAM
-    return MTP if str(value) == "mtp" else Path(value)
+    return DRAFTERS.get(str(value)) or Path(value)
 
 
 @dataclass(frozen=True)
 class LadderShape:
     """Which tiers a ladder holds, before or after loading: its model tiers by name (smallest
-    first, the target last) and whether the n-gram drafter fills the draft tier."""
+    first, the target last) and ``drafter``, the name of the drafter with no model that fills
+    the draft tier (None: a model, or nothing)."""
 
     models: tuple[str, ...] = ("target",)
-    ngram: bool = False
+    drafter: str | None = None
 
     @property
     def has_draft(self) -> bool:
-        return self.ngram or "draft" in self.models
+        return self.drafter is not None or "draft" in self.models
 
     @property
     def has_qualifier(self) -> bool:
@@ -93,12 +112,20 @@ class LadderShape:
         """Tiers present: 1 (target), 2 (+ draft) or 3 (+ draft and qualifier)."""
         return 1 + self.has_draft + (self.has_draft and self.has_qualifier)
 
+    @property
+    def lookups(self) -> tuple[str, ...]:
+        """The drafters with no model this ladder can run, by name: those that are everywhere
+        (:attr:`Drafter.everywhere`, in :data:`DRAFTERS`' order), then its draft tier's."""
+        out = [d.name for d in DRAFTERS.values() if d.everywhere]
+        return (*out, self.drafter) if self.drafter and self.drafter not in out else tuple(out)
+
     def check(self, mode: str) -> None:
         """A one-line :class:`~pyramid_gguf.core.errors.UserError` when ``mode`` is unknown or
         needs a tier this ladder lacks: the one answer to "can this ladder run this mode"."""
         info = mode_info(mode)
         if info.n_tiers >= 2 and not self.has_draft:
-            raise UserError(f"mode {mode} needs a draft model (--draft GGUF or --draft ngram)")
+            named = " or ".join(f"--draft {d}" for d in DRAFTERS.values() if not d.model)
+            raise UserError(f"mode {mode} needs a draft model (--draft GGUF or {named})")
         if info.n_tiers == 3 and not self.has_qualifier:
             raise UserError(f"mode {mode} needs a qualifier model (--qualifier GGUF)")
 
@@ -114,21 +141,22 @@ class LadderShape:
 
 @dataclass(frozen=True)
 class LadderPaths:
-    """The files of a ladder: a target, optionally a qualifier and a draft (or :data:`NGRAM`,
-    or :data:`MTP`)."""
+    """The files of a ladder: a target, optionally a qualifier and a draft (a file, or a
+    :class:`Drafter` such as :data:`NGRAM` or :data:`MTP`)."""
 
     target: Path
     qualifier: Path | None = None
-    draft: Path | NGram | Mtp | None = None
+    draft: Path | Drafter | None = None
 
     @classmethod
     def of(
         cls,
         target: str | Path,
         qualifier: str | Path | None = None,
-        draft: str | Path | NGram | Mtp | None = None,
+        draft: str | Path | Drafter | None = None,
     ) -> LadderPaths:
-        """From user values (strings are paths; ``draft="ngram"`` is the n-gram drafter)."""
+        """From user values (strings are paths; ``draft="ngram"`` is the n-gram drafter,
+        any name in :data:`DRAFTERS` that drafter)."""
         return cls(
             Path(target), None if qualifier is None else Path(qualifier), draft_source(draft)
         )
@@ -139,22 +167,26 @@ class LadderPaths:
         return self.shape.n_tiers
 
     @property
-    def ngram(self) -> bool:
-        return isinstance(self.draft, NGram)
+    def drafter(self) -> Drafter | None:
+        """The named drafter in the draft tier's place (None: a file, or no draft)."""
+        return self.draft if isinstance(self.draft, Drafter) else None
 
     @property
-    def mtp(self) -> bool:
-        """The draft tier is the target's MTP head."""
-        return isinstance(self.draft, Mtp)
+    def ngram(self) -> bool:
+        """The draft tier is a drafter with no model (the n-gram drafter or another that
+        loads nothing): it takes no memory (the planner keeps it)."""
+        return self.drafter is not None and not self.drafter.model
 
     @property
     def shape(self) -> LadderShape:
-        models = tuple(t for t in TIERS if t in self.model_files() or (t == "draft" and self.mtp))
-        return LadderShape(models, self.ngram)
+        d = self.drafter
+        files = self.model_files()
+        models = tuple(t for t in TIERS if t in files or (t == "draft" and d and d.model))
+        return LadderShape(models, d.name if d and not d.model else None)
 
-    def get(self, tier: str) -> Path | NGram | Mtp | None:
+    def get(self, tier: str) -> Path | Drafter | None:
         """The file (or drafter) of ``tier``."""
-        value: Path | NGram | Mtp | None = getattr(self, tier)
+        value: Path | Drafter | None = getattr(self, tier)
         return value
 
     def model_files(self) -> dict[str, Path]:

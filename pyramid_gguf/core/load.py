@@ -56,6 +56,32 @@ def check_threads(n: int, flag: str = "--threads") -> None:
         )
 
 
+#: PCIe generations llama.cpp's cards use, and the lane counts a slot offers.
+PCIE_GENS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+PCIE_LANES = (1, 2, 4, 8, 16)
+
+
+def parse_pcie(text: str) -> tuple[float, int]:
+    """``(generation, lanes)`` of ``GEN:LANES`` (``4:16``, ``4.0:x8``, ``5:8``); a
+    :class:`UserError` on anything else."""
+    gen, sep, lanes = str(text).strip().lower().partition(":")
+    try:
+        g, n = float(gen), int(lanes.removeprefix("x"))
+    except ValueError:
+        g, n = 0.0, 0
+    if not sep or g not in PCIE_GENS or n not in PCIE_LANES:
+        raise UserError(
+            f"--pcie must be GEN:LANES, a PCIe generation of 1-6 and 1, 2, 4, 8 or 16 lanes "
+            f"(4:16, 5.0:8), got {text!r}"
+        )
+    return g, n
+
+
+def format_pcie(gen: float, lanes: int) -> str:
+    """``4.0:16``: the canonical spelling of a link."""
+    return f"{gen:.1f}:{lanes}"
+
+
 @dataclass(frozen=True)
 class LoadConfig:
     """How one GGUF file is loaded.
@@ -114,6 +140,19 @@ class LoadConfig:
     #: Load the GGUF's NextN (MTP) layers beside the trunk (``llama_model_params.load_mtp``),
     #: so the model's own MTP head can draft for it (native/mtp.py).
     load_mtp: bool = False
+    #: Memory-map the GGUF (llama.cpp's default): weights left on the CPU are pages of the file
+    #: in the page cache (shared, evictable). False (``--no-mmap``): they are read into memory;
+    #: on a build that offloads, into the GPU's pinned host buffer, so llama.cpp's op offload
+    #: copies them at the link's rate instead of through a staging buffer
+    #: (``llama_model_params.load_mode`` NONE against AUTO).
+    use_mmap: bool = True
+    #: llama.cpp's ``--no-host``: skip the GPU's host buffer for weights left on the CPU, so the
+    #: CPU's extra buffer types (CPU_REPACK) take them: faster CPU kernels, but op offload
+    #: cannot copy repacked weights (``llama_model_params.no_host``).
+    no_host: bool = False
+    #: The GPU's PCIe link as ``GEN:LANES`` (``4:16``, ``5.0:8``) for the planner's op-offload
+    #: and prompt predictions; None: the card profile's. Changes no load, only predictions.
+    pcie: str | None = None
     #: Test hook: use state snapshots for rollback even when the cache supports truncation.
     force_snapshot_rollback: bool = False
     #: Test hook: the AMX placement (extra types off, CPU_REPACK by overrides) on any CPU.
@@ -143,6 +182,8 @@ class LoadConfig:
             object.__setattr__(self, "rpc", tuple(str(e) for e in parse_endpoints(self.rpc)))
         if self.force_repack_overrides and self.extra_buffers is not None:
             raise UserError("force_repack_overrides places the weights itself: drop extra_buffers")
+        if self.pcie is not None:
+            object.__setattr__(self, "pcie", format_pcie(*parse_pcie(self.pcie)))
         for name, value in (("type_k", self.type_k), ("type_v", self.type_v)):
             if value not in KV_TYPES:
                 raise UserError(f"{name} must be one of {', '.join(KV_TYPES)}, got {value!r}")

@@ -11,6 +11,7 @@
 - :mod:`.grammar`: llguidance's tokenizer built from a model's vocabulary.
 - :mod:`.embedding`: :class:`EmbeddingModel`, a model loaded for embeddings (pooled, batched).
 - :mod:`.routing`: :func:`~.routing.record_routes`, the experts an MoE routes each token to.
+- :mod:`.compute`: the one thread every ``llama_decode`` runs on (OpenMP's pools per thread).
 """
 
 from .backend import (

@@ -42,7 +42,7 @@ import llama_cpp
 from gguf import GGMLQuantizationType
 from llama_cpp._ctypes_extensions import load_shared_library
 
-from ..core.errors import ModelFileError
+from ..core.errors import ModelFileError, UserError
 from ..core.gguf_header import TensorInfo, read_header
 from ..core.load import LoadConfig
 from .backend import Override, init_backend, supports_gpu_offload
@@ -329,11 +329,19 @@ class Placement:
     names: tuple[str, ...] = ()
     #: Override patterns keeping routed experts in CPU memory (:func:`moe_patterns`).
     cpu_experts: tuple[str, ...] = ()
+    #: Map the file (llama.cpp's default), else read the weights into memory: the GPU's pinned
+    #: host buffer on a build that offloads (``LoadConfig.use_mmap``).
+    use_mmap: bool = True
+    #: Skip the GPU's host buffer for CPU weights (``LoadConfig.no_host``).
+    no_host: bool = False
 
     def apply(self, params: llama_cpp.llama_model_params) -> object:
-        """Set ``params``' ``use_extra_bufts`` and overrides; returns what the overrides point
-        into, which must outlive the load (the model keeps it)."""
+        """Set ``params``' ``use_extra_bufts``, ``load_mode``, ``no_host`` and overrides;
+        returns what the overrides point into, which must outlive the load (the model keeps
+        it)."""
         params.use_extra_bufts = self.kind == "extra"
+        params.load_mode = LOAD_MODE_AUTO if self.use_mmap else LOAD_MODE_NONE
+        params.no_host = self.no_host
         if not self.names and not self.cpu_experts:
             return None
         rows: list[tuple[bytes, int]] = []
@@ -355,6 +363,10 @@ class Placement:
             "repack": f"extra buffer types off, {len(self.names)} weights in {REPACK} by override",
             "none": "extra buffer types off",
         }[self.kind]
+        if not self.use_mmap:
+            text += "; weights read, not mapped (pinned beside a GPU)"
+        if self.no_host:
+            text += "; no GPU host buffer"
         if self.cpu_experts == (FFN_EXPS_REGEX,):
             text += "; experts of every layer in CPU memory"
         elif self.cpu_experts:
@@ -365,7 +377,7 @@ class Placement:
 def plan_placement(path: Path, cfg: LoadConfig) -> Placement:
     """:func:`plan_buffers`, with the routed experts ``cfg.n_cpu_moe`` / ``cfg.cpu_moe`` keep
     in CPU memory (:func:`moe_patterns`) overriding wherever layer offloading puts them."""
-    placement = plan_buffers(path, cfg)
+    placement = replace(plan_buffers(path, cfg), use_mmap=cfg.use_mmap, no_host=cfg.no_host)
     if not cfg.n_cpu_moe and not cfg.cpu_moe:
         return placement
     patterns = moe_patterns(cfg.n_cpu_moe, cfg.cpu_moe, _n_layer(path))
@@ -382,6 +394,12 @@ def plan_buffers(path: Path, cfg: LoadConfig) -> Placement:
     """
     if cfg.extra_buffers is not None:
         return Placement("extra" if cfg.extra_buffers else "none")
+    if cfg.no_host and supports_gpu_offload() and build_has_amx_kernels():
+        raise UserError(
+            "--no-host on a build with llama.cpp's AMX kernels is not supported: the repacked "
+            "CPU weights would go to the AMX buffer, whose batched decodes crash (llama.cpp "
+            "#20824); drop --no-host"
+        )
     if cfg.rpc:  # overrides would pull the remote layers back here; the head stays unrepacked
         return Placement("none" if build_has_amx_kernels() else "extra")
     if cfg.force_repack_overrides:
@@ -409,6 +427,11 @@ def describe_buffers(sizes: dict[str, float]) -> str:
     return ", ".join(f"{name} {mib:.1f} MiB" for name, mib in ordered) or "unknown"
 
 
+#: ``llama_model_params.load_mode``: llama.cpp's own choice (a mapping where every device
+#: supports one) and plain reads (``--no-mmap``; llama-bench's ``-lm none``).
+LOAD_MODE_AUTO = int(llama_cpp.LLAMA_LOAD_MODE_AUTO)
+LOAD_MODE_NONE = int(llama_cpp.LLAMA_LOAD_MODE_NONE)
+
 _PEER_LOCK = threading.Lock()
 
 
@@ -421,6 +444,7 @@ def peer_llama(path: Path, cfg: LoadConfig, **kwargs: Any) -> llama_cpp.Llama:
     from .rpc import remote_devices
 
     placement = plan_placement(path, cfg)
+    kwargs.setdefault("use_mmap", cfg.use_mmap)  # Llama() sets load_mode from it
     keep: list[object] = []  # what the overrides point into: the Llama holds it below
     module = llama_cpp.llama_cpp  # where Llama() looks its default params up
     default_params = module.llama_model_default_params

@@ -30,6 +30,7 @@ from gguf import GGMLQuantizationType
 from ..core.errors import ContextOverflow, UserError
 from ..core.files import check_gguf_path
 from ..core.load import MIN_CTX, LoadConfig, check_threads, default_threads
+from . import compute
 from .handles import BatchHandle, ContextHandle, ModelHandle
 from .vocab import Vocab
 
@@ -297,7 +298,7 @@ class EmbeddingModel:
             for pos, tok in enumerate(tokens)
         ]
         self._batch.fill(entries)
-        rc = llama_cpp.llama_decode(ctx, self._batch.ptr)
+        rc = compute.run(llama_cpp.llama_decode, ctx, self._batch.ptr)  # native/compute.py
         self.decodes += 1
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} for {self.path.name}")

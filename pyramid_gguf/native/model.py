@@ -21,6 +21,7 @@ import numpy as np
 from ..core.errors import ContextOverflow
 from ..core.files import check_gguf_path
 from ..core.load import LoadConfig
+from . import compute
 from .buffers import describe_buffers
 from .handles import BatchHandle, ContextHandle, ModelHandle
 from .rollback import SequenceRollback
@@ -189,7 +190,9 @@ class NativeModel:
             piece = entries[start : start + step]
             self._batch.fill(piece)
             t0 = time.perf_counter()
-            rc = llama_cpp.llama_decode(self._ctx.ptr, self._batch.ptr)
+            # on the process's one compute thread: a second thread running graphs would slow
+            # every graph's barriers (native/compute.py)
+            rc = compute.run(llama_cpp.llama_decode, self._ctx.ptr, self._batch.ptr)
             in_decode += time.perf_counter() - t0
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} for {self.path.name}")

@@ -34,6 +34,7 @@ from llama_cpp import llama_cpp_ext
 
 from ..core.errors import UserError
 from ..core.load import LoadConfig
+from . import compute
 from .model import EvalTimer, NativeModel, Part
 from .vocab import Vocab
 
@@ -228,7 +229,9 @@ class MtpSequence:
             if wanted or j == len(entries) - 1:
                 llama_cpp.llama_batch_ext_set_output_logits(batch, idx, True)
                 outputs.append(j)
-        rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch)
+        rc = compute.run(  # native/compute.py
+            llama_cpp.llama_process, self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch
+        )
         if rc != 0:
             raise RuntimeError(f"the MTP head of {self.path.name} failed to decode (code {rc})")
         for j in outputs:

@@ -21,6 +21,7 @@ import llama_cpp
 import numpy as np
 
 from ..core.load import MIN_CTX
+from . import compute
 from .handles import BatchHandle
 from .model import NativeModel
 
@@ -123,7 +124,7 @@ def record_routes(model: NativeModel, tokens: Sequence[int], *, chunk: int = 32)
         for start in range(0, len(tokens), chunk):
             piece = tokens[start : start + chunk]
             batch.fill([(t, start + j, 0, True) for j, t in enumerate(piece)])
-            rc = llama_cpp.llama_decode(ctx, batch.ptr)
+            rc = compute.run(llama_cpp.llama_decode, ctx, batch.ptr)  # native/compute.py
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} for {model.path.name}")
     finally:

@@ -46,6 +46,8 @@ MMQ_TILE = 128
 INT8_OPS_PER_SM_CLOCK = 2048
 #: FLOPs per weight byte of a 4-bit model (2 per weight at ~4.6 bits): profiles price Q4 parts.
 Q4_FLOP_PER_BYTE = 3.5
+#: Tokens of llama-bench's prompt test (``pp512``): where a profile's tail is taken to.
+PROMPT_N = 512
 
 DEVICES_DIR = Path(__file__).resolve().parent.parent / "data" / "devices"
 
@@ -68,6 +70,10 @@ class Spec:
     ship: bool = True
     sources: tuple[str, ...] = ()
     memory: str = ""
+    #: A GPU's host link as ``GEN:LANES`` (``4.0:8``; :mod:`.links`), empty when not stated.
+    pcie: str = ""
+    #: A CPU's vector ISA for large-batch kernels (``avx2``, ``avx512``), empty when not stated.
+    isa: str = ""
 
     @property
     def sm_ghz(self) -> float:
@@ -95,6 +101,8 @@ class Spec:
             ship=bool(d.get("ship", True)),
             sources=tuple(str(s) for s in d.get("sources", ())),
             memory=str(d.get("memory", "")),
+            pcie=str(d.get("pcie", "")),
+            isa=str(d.get("isa", "")),
         )
 
 
@@ -188,15 +196,19 @@ class GpuModel:
         return self.matmul(spec, Work(1.0, 0, n))
 
     def profile(self, spec: Spec, source: str, n_max: int = MAX_N) -> DeviceProfile:
-        """The card's :class:`DeviceProfile`: per byte the roofline (kept non-decreasing in
-        ``n``), per block and fixed the fitted overheads."""
-        per_byte = np.maximum.accumulate([self.per_byte(spec, n) for n in range(1, n_max + 1)])
+        """The card's :class:`DeviceProfile`: per byte the roofline as the model prices it (MMQ
+        at 9 tokens may cost less than MMVQ at 8: the curve says so), past ``n_max`` its mean
+        slope up to :data:`PROMPT_N` tokens; per block and fixed the fitted overheads."""
+        per_byte = [self.per_byte(spec, n) for n in range(1, n_max + 1)]
+        tail = (self.per_byte(spec, PROMPT_N) - per_byte[-1]) / (PROMPT_N - n_max)
         return DeviceProfile(
             spec.slug,
             source,
             tuple(float(v) for v in per_byte),
             (self.per_layer,) * n_max,
             (self.fixed,) * n_max,
+            max(float(tail), 0.0),
+            spec.pcie or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,35 +226,50 @@ class GpuModel:
 @dataclass(frozen=True)
 class CpuModel:
     """The CPU model: ``eta`` of the memory bandwidth, ``core_rate`` weight bytes per second
-    one core computes on for one token, each further token of a batch costing ``batch_slope``
-    of the first, a ``fixed`` cost per evaluation (seconds) and the knee's ``softness``."""
+    one core computes on for one token, each further token of a batch (up to
+    :data:`~.compose.MAX_N`) costing ``batch_slope`` of the first, a ``fixed`` cost per
+    evaluation (seconds) and the knee's ``softness``. ``gemm_rate``: weight bytes x tokens per
+    second one core reaches in a large batch (llama.cpp's prompt kernels), each token past
+    ``MAX_N`` costing ``1 / (cores * gemm_rate)`` per byte (0: the small-batch line goes on)."""
 
     eta: float
     fixed: float
     core_rate: float
     batch_slope: float
     softness: float = 4.0
+    gemm_rate: float = 0.0
 
     def per_byte(self, spec: Spec, n: int) -> float:
         memory = 1.0 / (self.eta * spec.bandwidth)
-        compute = (1.0 + self.batch_slope * (n - 1)) / (spec.cores * self.core_rate)
+        small = n if not self.gemm_rate else min(n, MAX_N)
+        compute = (1.0 + self.batch_slope * (small - 1)) / (spec.cores * self.core_rate)
+        if n > small:
+            compute += (n - small) / (spec.cores * self.gemm_rate)
         return soft_max(memory, compute, self.softness)
 
     def seconds(self, spec: Spec, w: Work) -> float:
         return self.per_byte(spec, w.n) * (w.weight_bytes + w.kv_bytes) + self.fixed
 
     def profile(self, spec: Spec, source: str, n_max: int = MAX_N) -> DeviceProfile:
+        """The CPU's :class:`DeviceProfile`; past ``n_max`` each token adds the large-batch
+        kernels' cost (``tail``), when ``gemm_rate`` is known."""
         per_byte = tuple(float(self.per_byte(spec, n)) for n in range(1, n_max + 1))
-        return DeviceProfile(spec.slug, source, per_byte, (0.0,) * n_max, (self.fixed,) * n_max)
+        tail = 1.0 / (spec.cores * self.gemm_rate) if self.gemm_rate else None
+        return DeviceProfile(
+            spec.slug, source, per_byte, (0.0,) * n_max, (self.fixed,) * n_max, tail
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "eta": round(self.eta, 4),
             "fixed_us": round(self.fixed * 1e6, 1),
             "core_rate_gb": round(self.core_rate / 1e9, 3),
             "batch_slope": round(self.batch_slope, 4),
             "softness": self.softness,
         }
+        if self.gemm_rate:
+            out["gemm_rate_gb"] = round(self.gemm_rate / 1e9, 3)
+        return out
 
 
 @dataclass(frozen=True)
@@ -443,3 +470,26 @@ def fit_cpu(
         return np.log([m.seconds(s, w) for s, w, _ in data]) - observed
 
     return model(levenberg_marquardt(residuals, np.log([0.6, 1e-3])))
+
+
+def fit_cpu_gemm(
+    figures: Iterable[Figure],
+    specs: Mapping[str, Spec],
+    models: Mapping[str, ModelFacts],
+    base: CpuModel,
+) -> CpuModel:
+    """``base`` with the ``gemm_rate`` that prices large-batch figures (prompt tests,
+    ``n > MAX_N``) best (relative errors, least squares in logs); ``base`` itself when none."""
+    data = [(specs[str(f.card)], f.work(models), f.seconds) for f in figures if f.n > MAX_N]
+    if not data:
+        return base
+    observed = np.log([t for _, _, t in data])
+
+    def model(x: np.ndarray) -> CpuModel:
+        return replace(base, gemm_rate=float(np.exp(x[0])))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        m = model(x)
+        return np.log([m.seconds(s, w) for s, w, _ in data]) - observed
+
+    return model(levenberg_marquardt(residuals, np.log([30e9])))

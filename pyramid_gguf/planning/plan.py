@@ -23,10 +23,11 @@ from ..core.spec import SpecConfig
 from ..models.registry import get_preset
 from . import sources
 from .compose import DeviceProfile
+from .links import WEIGHTS, Weights, card_pcie
 from .memory import GiB, MiB, ModelMemory, model_memory
 from .moe import ExpertUnion, load_routes, tier_curve, union_of
 from .ram import RamBudget, overflow_bytes, resolve_ram, ssd_tps
-from .rank import Placement, Ranking, Unfit, placements, rank, replay_plain
+from .rank import Placement, Ranking, Unfit, placements, rank, replay_plain, with_weights
 from .tiers import preset_memory
 from .vram import KvQuant, make_plan, resolve_budget, tier_load_config
 
@@ -117,6 +118,16 @@ def _plan(
     ]
     cpu = sources.cpu_profile(inputs.cpu)
     gpu_profile = gpu.profile if gpu else None
+    pcie = None
+    if gpu_profile is not None:
+        pcie = card_pcie(load.pcie, gpu_profile.pcie, gpu_profile.name)
+        allowed = weights_allowed(load)
+        if inputs.gpu_offload is None and "repacked" in allowed and len(allowed) > 1:
+            from ..native.buffers import build_has_amx_kernels  # lazy: imports llama_cpp
+
+            if build_has_amx_kernels():  # --no-host would load into the AMX buffer: refused
+                allowed = tuple(w for w in allowed if w != "repacked")
+        options = with_weights(options, allowed)
     ram = resolve_ram(inputs.ram)
     fits, unfit = options, []
     if ram is not None and options:
@@ -129,7 +140,9 @@ def _plan(
         if not fits:
             raise UserError(_no_fit(name, options, models, ram, offload, load, budget, inputs))
     unions, experts = _unions(models["target"], inputs.routes)
-    ranked = rank(fits, models, traces, cpu.profile, gpu_profile, spec=spec, unions=unions)
+    ranked = rank(
+        fits, models, traces, cpu.profile, gpu_profile, spec=spec, unions=unions, pcie=pcie
+    )
     return Ranking(
         tuple(ranked),
         traces,
@@ -142,7 +155,18 @@ def _plan(
         ram=ram,
         unfit=tuple(unfit),
         experts=experts,
+        pcie=pcie,
     )
+
+
+def weights_allowed(load: LoadConfig) -> tuple[Weights, ...]:
+    """The placements of CPU weights to rank: the one ``--no-host`` / ``--no-mmap`` names,
+    else all three (:mod:`.links`)."""
+    if load.no_host:
+        return ("repacked",)
+    if not load.use_mmap:
+        return ("pinned",)
+    return WEIGHTS
 
 
 def _unions(target: ModelMemory, routes: Path | None) -> tuple[dict[str, ExpertUnion], str]:
@@ -190,6 +214,8 @@ def _unfit(
     cpu_weights = sum(t.cpu_weight_bytes for t in p.plan.tiers) + (
         0 if offload else target.gpu_weight_bytes
     )
+    if p.weights != "mapped":  # pinned or repacked copies are not re-read from the file
+        return Unfit(p, need, over, plain, 0.0)
     return Unfit(p, need, over, plain, ssd_tps(1.0 / plain, min(over, max(cpu_weights, 1))))
 
 
@@ -251,6 +277,12 @@ def load_plan(
     draft = paths.draft if paths.ngram or "draft" in kept else None
     qualifier = paths.qualifier if "qualifier" in kept else None
     loads = {t: tier_load_config(placement.plan, t, base) for t in kept}
+    if ranking.pcie is not None:  # ranked with the weights' placements: load the winner's
+        flags = placement.load_flags
+        loads = {
+            t: replace(c, use_mmap=flags["use_mmap"], no_host=flags["no_host"])
+            for t, c in loads.items()
+        }
     return LadderPaths(paths.target, qualifier, draft), loads
 
 
@@ -260,8 +292,12 @@ def describe(ranking: Ranking, vram: str | int) -> str:
     best = ranking.best
     layers = ", ".join(f"{t} {best.placement.n_gpu_layers(t)}" for t in best.placement.tiers)
     profiles = ranking.cpu.name + (f" / {ranking.gpu.name}" if ranking.gpu else "")
+    weights = ""
+    if best.placement.weights != "mapped":
+        flag = "--no-mmap" if best.placement.weights == "pinned" else "--no-host"
+        weights = f", CPU weights {best.placement.weights} ({flag})"
     line = (
-        f"--vram {vram}: {best.placement.name} (GPU layers: {layers}); predicted "
+        f"--vram {vram}: {best.placement.name} (GPU layers: {layers}{weights}); predicted "
         f"{best.tps:.1f} tok/s, {best.speedup:.2f}x the best plain decoding, from traces of "
         f"{ranking.traces.ladder} and the {profiles} profiles (pyramid-gguf plan shows the "
         "ranking)"

@@ -18,7 +18,7 @@ from.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.errors import UserError
@@ -29,7 +29,8 @@ from ..decoding.offline.replay import replay_trace
 from ..decoding.offline.traces import TraceSet
 from ..decoding.pricing.costs import CostCurve
 from ..decoding.runtime.auto import ROUND_OVERHEAD
-from .compose import DeviceProfile, Link
+from .compose import CURVE_N, DeviceProfile, Link
+from .links import PINNED_EFFICIENCY, WEIGHTS, Pcie, Weights, describe_weights, plain_kernels
 from .memory import GiB, ModelMemory
 from .moe import ExpertUnion, expert_plan, tier_curve
 from .peer import PeerSpec, PeerWalks
@@ -46,12 +47,33 @@ TARGET_ONLY = "target only"
 EXPERTS_ON_CPU = ", experts on CPU"
 
 
+#: Prompt tokens the time to a first token is predicted for (llama-bench's ``pp512``).
+PROMPT_N = 512
+
+
 @dataclass(frozen=True)
 class Placement:
-    """One way to spend the budget: the tiers loaded and the layers each has on the GPU."""
+    """One way to spend the budget: the tiers loaded, the layers each has on the GPU, and
+    where the weights left on the CPU sit (``weights``: :mod:`.links`)."""
 
     name: str
     plan: Plan
+    weights: Weights = "mapped"
+
+    @property
+    def label(self) -> str:
+        """The name, with the weights' placement when it is not llama.cpp's default."""
+        return self.name if self.weights == "mapped" else f"{self.name}, {self.weights}"
+
+    @property
+    def load_flags(self) -> dict[str, bool]:
+        """The :class:`~..core.load.LoadConfig` fields that load this placement's weights."""
+        return {"use_mmap": self.weights != "pinned", "no_host": self.weights == "repacked"}
+
+    def holds_cpu_weights(self) -> bool:
+        """Whether any tier keeps blocks, its output head or experts in host memory (only then
+        does ``weights`` matter: the embedding table stays there anyway, read a row a token)."""
+        return any(t.n_gpu_layers < t.n_layer + 1 or t.n_cpu_moe for t in self.plan.tiers)
 
     @property
     def tiers(self) -> tuple[str, ...]:
@@ -145,6 +167,24 @@ class Prediction:
     chains: Mapping[str, int]
     speedup: float = 0.0
     peer: PeerSpec | None = None
+    #: Seconds each loaded tier takes to evaluate a :data:`PROMPT_N`-token prompt (in
+    #: ``n_batch`` chunks): the engine prefills the target, then every other tier, before the
+    #: first token. Empty: not predicted.
+    prompt_s: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def pp512_tps(self) -> float:
+        """The target's prompt speed, tokens/s over a 512-token prompt (llama-bench's pp512)."""
+        t = self.prompt_s.get("target", 0.0)
+        return PROMPT_N / t if t > 0 else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        """Seconds to a first token after a 512-token prompt: every tier's prompt, then one
+        target step."""
+        if not self.prompt_s:
+            return 0.0
+        return sum(self.prompt_s.values()) + self.costs["target"](1)
 
     @property
     def peer_tps(self) -> float | None:
@@ -154,6 +194,8 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         return {
             "placement": self.placement.name,
+            "weights": self.placement.weights,
+            "load_flags": self.placement.load_flags,
             "tiers": {
                 t: {
                     "n_gpu_layers": self.placement.n_gpu_layers(t),
@@ -166,8 +208,15 @@ class Prediction:
             "type_k": self.placement.plan.load.type_k,
             "type_v": self.placement.plan.load.type_v,
             "host_bytes": self.placement.plan.host_bytes,
+            "host_memory": {
+                "mapped": "page cache (shared, evictable)",
+                "pinned": "pinned (locked, not shared)",
+                "repacked": "anonymous (swappable)",
+            }[self.placement.weights],
             "plain_tps": round(self.plain_tps, 2),
             "auto_tps": round(self.tps, 2),
+            "pp512_tps": round(self.pp512_tps, 1),
+            "ttft_512_s": round(self.ttft_s, 3),
             "peer_spec_tps": None if self.peer is None else round(self.peer.tps, 2),
             "peer_spec": None if self.peer is None else self.peer.to_dict(),
             "speedup": round(self.speedup, 3),
@@ -189,22 +238,57 @@ def placement_costs(
     gpu: DeviceProfile | None,
     link: Link | None = None,
     unions: Mapping[str, ExpertUnion] | None = None,
+    *,
+    pcie: Pcie | None = None,
+    n_max: int | None = None,
 ) -> dict[str, CostCurve]:
     """The composed cost curve of every tier of ``placement`` (a mixture of experts priced by
-    the union its blocks read: ``unions[tier]``, else random routing; :mod:`.moe`)."""
+    the union its blocks read: ``unions[tier]``, else random routing; :mod:`.moe`).
+
+    ``pcie``: the card's link, priced per tier for the placement's ``weights`` (op offload at
+    the rate they copy at, where the tier's plan keeps it on; CPU layers at the plain kernels'
+    cost unless repacked, :func:`~.links.plain_kernels`); without it ``link`` as given, the CPU
+    profile as it is, no op offload (the earlier pricing). ``n_max``: sizes covered
+    (default :data:`~.compose.CURVE_N` with ``pcie``, else the profiles' own)."""
     unions = unions or {}
-    return {
-        t: tier_curve(
+    on_cpu = cpu
+    if pcie is not None and gpu is not None and placement.weights != "repacked":
+        on_cpu = plain_kernels(cpu)
+    out = {}
+    for t in placement.tiers:
+        tier_link = link
+        if pcie is not None:
+            tier_link = pcie.link(placement.weights, op_offload=placement.plan.tier(t).op_offload)
+        kwargs = {} if n_max is None and pcie is None else {"n_max": n_max or CURVE_N}
+        out[t] = tier_curve(
             models[t],
             placement.n_gpu_layers(t),
             placement.n_cpu_moe(t),
-            cpu,
+            on_cpu,
             gpu,
-            link,
+            tier_link,
             unions.get(t),
+            **kwargs,
         )
-        for t in placement.tiers
-    }
+    return out
+
+
+def prompt_seconds(
+    placement: Placement,
+    models: Mapping[str, ModelMemory],
+    cpu: DeviceProfile,
+    gpu: DeviceProfile | None,
+    pcie: Pcie | None = None,
+    unions: Mapping[str, ExpertUnion] | None = None,
+    prompt: int = PROMPT_N,
+) -> dict[str, float]:
+    """Seconds each tier of ``placement`` takes to evaluate a ``prompt``-token prompt, in
+    chunks of the plan's ``n_batch`` (llama.cpp's micro-batch): where op offload prices the
+    CPU layers, one copy of their weights per chunk."""
+    chunk = max(1, min(prompt, placement.plan.load.n_batch))
+    curves = placement_costs(placement, models, cpu, gpu, None, unions, pcie=pcie, n_max=chunk)
+    full, rest = divmod(prompt, chunk)
+    return {t: full * c(chunk) + (c(rest) if rest else 0.0) for t, c in curves.items()}
 
 
 def predict(
@@ -245,17 +329,23 @@ def rank(
     spec: SpecConfig | None = None,
     link: Link | None = None,
     unions: Mapping[str, ExpertUnion] | None = None,
+    pcie: Pcie | None = None,
 ) -> list[Prediction]:
     """``options`` predicted and sorted fastest first (fewer tiers first among equals); each
     speedup is over the fastest plain decoding of any option (the best a user gets today by
     fitting the target alone). Each carries llama.cpp's draft-model speculation in it.
-    ``unions``: a mixture of experts' measured union per tier (else random routing)."""
+    ``unions``: a mixture of experts' measured union per tier (else random routing).
+    ``pcie``: the card's link: each option priced for its weights' placement, op offload
+    included, and its prompt speed predicted (:func:`placement_costs`)."""
     spec = spec or SpecConfig(mode="auto")
-    walks = PeerWalks(traces, max_draft=spec.max_block)
+    walks = PeerWalks(traces)  # llama.cpp drafts up to 64 whatever auto's --max-block
     preds = []
     for p in options:
-        costs = placement_costs(p, models, cpu, gpu, link, unions)
-        preds.append(replace(predict(p, costs, traces, spec), peer=walks.best(costs)))
+        costs = placement_costs(p, models, cpu, gpu, link, unions, pcie=pcie)
+        pred = replace(predict(p, costs, traces, spec), peer=walks.best(costs))
+        if pcie is not None or gpu is None:
+            pred = replace(pred, prompt_s=prompt_seconds(p, models, cpu, gpu, pcie, unions))
+        preds.append(pred)
     baseline = max(p.plain_tps for p in preds)
     preds = [replace(p, speedup=p.tps / baseline) for p in preds]
     return sorted(preds, key=lambda p: (-round(p.tps, 6), len(p.placement.tiers)))
@@ -277,6 +367,7 @@ class Unfit:
     def to_dict(self) -> dict[str, Any]:
         return {
             "placement": self.placement.name,
+            "weights": self.placement.weights,
             "host_bytes": self.host_bytes,
             "over_bytes": self.over_bytes,
             "plain_tps": round(self.plain_tps, 2),
@@ -306,6 +397,8 @@ class Ranking:
     unfit: tuple[Unfit, ...] = ()
     #: A mixture-of-experts target: where the union of experts its blocks read came from.
     experts: str = ""
+    #: The card's link the placements were priced over (None: no GPU, or priced without one).
+    pcie: Pcie | None = None
 
     @property
     def best(self) -> Prediction:
@@ -327,6 +420,10 @@ class Ranking:
             "placements": [p.to_dict() for p in self.predictions],
             "not_fitting_ram": [u.to_dict() for u in self.unfit],
             "best": self.best.placement.name,
+            "best_weights": self.best.placement.weights,
+            "pcie": None
+            if self.pcie is None
+            else {"link": self.pcie.spec, "source": self.pcie.source},
             "best_peer_spec": None
             if peer is None or peer.peer is None
             else {"placement": peer.placement.name, **peer.peer.to_dict()},
@@ -361,6 +458,13 @@ class Ranking:
                 f"RAM: {self.ram.describe()}; the best placement needs {need / GiB:.1f} GiB "
                 "(CPU layers' weights, mapped from the file, their KV cache and buffers)"
             )
+        if self.pcie is not None:
+            lines.append(weights_line(self.pcie))
+        lines.append(
+            "prompt: pp512 is the target's prompt speed over 512 tokens, TTFT the time to a "
+            "first token after them (every loaded tier evaluates the prompt in --batch-size "
+            "chunks): predicted from the same profiles, op offload included"
+        )
         lines.append(
             "llama.cpp -md: llama-server's draft-model speculation (draft-simple, greedy "
             "matching) replayed over the same traces and costs, the best smaller tier as its "
@@ -368,6 +472,31 @@ class Ranking:
             "bound)"
         )
         return lines
+
+
+def with_weights(
+    options: Sequence[Placement], allowed: Sequence[Weights] = WEIGHTS
+) -> list[Placement]:
+    """Each option once per placement of its CPU weights in ``allowed`` (an option with no
+    weights in host memory once, mapped: where they sit changes nothing there)."""
+    out = []
+    for p in options:
+        modes = allowed if p.holds_cpu_weights() else allowed[:1]
+        out += [replace(p, weights=w) for w in modes]
+    return out
+
+
+def weights_line(pcie: Pcie) -> str:
+    """The sources line of the link and the weights' placements."""
+    rates = ", ".join(
+        f"{w} {r / 1e9:.1f} GB/s" if (r := pcie.copy_rate(w)) else f"{w} none" for w in WEIGHTS
+    )
+    return (
+        f"link: {pcie.name} ({pcie.source}); op offload (batches of 32+ tokens copy the CPU "
+        f"layers' weights to the GPU) at {rates} (predicted: pinned {PINNED_EFFICIENCY:.0%} "
+        "of the raw rate, mapped at most the H200 host's measured 7.6 GB/s); CPU layers: "
+        + "; ".join(describe_weights(w) for w in WEIGHTS)
+    )
 
 
 def _profile_line(kind: str, profile: DeviceProfile, how: str) -> str:

@@ -1,13 +1,13 @@
 """The composition model against a target bigger than the card, from a lent GPU's figures.
 
-Reads what ``scripts/gpu/bigtarget.sh`` measured (``docs/gpu-big/bigtarget-h200.json``) and
-checks the planner's composition on it (docs/ALGORITHMS.md, "Placements"): a CPU profile of
-that host fitted to the 0.5B and 7B whole on its CPU, a GPU profile fitted to the same two whole
-on its GPU, the split 32B priced as its CPU part plus its GPU part plus one transfer, against
-the split 32B measured at each ``-ngl`` (k = 1..16), the 32B whole on the CPU (the big shape
-priced from small ones), and llama-bench's token generation at each budget's ``-ngl``. Then
-the op offload of long verifications: what a batch of 32 or more costs when llama.cpp copies
-the CPU-held weights to the GPU, as a transfer rate.
+Reads what the big-target run measured (``docs/gpu-big/bigtarget-h200.json``; its stages are now
+``scripts/gpu/kit.sh``'s) and checks the planner's composition on it (docs/ALGORITHMS.md,
+"Placements"): a CPU profile of that host fitted to the 0.5B and 7B whole on its CPU, a GPU
+profile fitted to the same two whole on its GPU, the split 32B priced as its CPU part plus its
+GPU part plus one transfer, against the split 32B measured at each ``-ngl`` (k = 1..16), the 32B
+whole on the CPU (the big shape priced from small ones), and llama-bench's token generation at
+each budget's ``-ngl``. Then the op offload of long verifications: what a batch of 32 or more
+costs when llama.cpp copies the CPU-held weights to the GPU, as a transfer rate.
 
     python scripts/gpu/big_check.py [docs/gpu-big/bigtarget-h200.json] [--json OUT]
 

@@ -3,7 +3,7 @@
 # llama-cpp-python's sdist stripped to what a CUDA build of the shared libraries and llama-bench
 # needs (45 MB of the 76), and the wheels of our dependencies the GPU image lacks.
 #
-#   bash scripts/gpu/pack.sh        # then: device run "bash scripts/gpu/bigtarget.sh", carry .gpu
+#   bash scripts/gpu/pack.sh        # then: device run "bash scripts/gpu/kit.sh", carry .gpu
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 V=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}

@@ -58,6 +58,10 @@ SHAPES = {  # from the real models' config.json
     "qwen-7b": Shape("qwen2", 3584, 28, 28, 4, 18944, 152064, False, 1e6, True),
     "qwen-14b": Shape("qwen2", 5120, 48, 40, 8, 13824, 152064, False, 1e6, True),
     "qwen-32b": Shape("qwen2", 5120, 64, 40, 8, 27648, 152064, False, 1e6, True),
+    # The GPU kit's CPU rehearsal (kit.sh --cpu): Qwen2-style, a few MiB each.
+    "tiny-s": Shape("qwen2", 256, 2, 4, 2, 512, 4096, True, 1e6, True),
+    "tiny-m": Shape("qwen2", 256, 4, 4, 2, 768, 4096, True, 1e6, True),
+    "tiny-l": Shape("qwen2", 512, 8, 8, 2, 1536, 4096, False, 1e6, True),
 }
 LADDERS = {
     "llama": ("llama-1b", "llama-3b", "llama-8b"),
@@ -66,6 +70,7 @@ LADDERS = {
     # qualifier whole on the GPU, the target split with most of its blocks in system RAM.
     "qwen-32b": ("qwen-0.5b", "qwen-7b", "qwen-32b"),
     "qwen-14b": ("qwen-0.5b", "qwen-3b", "qwen-14b"),
+    "tiny": ("tiny-s", "tiny-m", "tiny-l"),
 }
 
 #: Per block type: bytes per block of 256 (or 32) weights, where the f16 scale(s) sit, and the
@@ -126,7 +131,8 @@ def write(
     head_dim = shape.n_embd // shape.n_head
     n_kv = shape.n_head_kv * head_dim
     tokens, scores, types = tiny_vocab(shape.n_vocab - len(tiny_vocab(0)[0]))
-    blocks = RandomBlocks(seed)
+    # a 64 MiB pool of random bytes for real shapes; 1 MiB for the kit's tiny ones
+    blocks = RandomBlocks(seed, 1 << 26 if shape.n_embd * shape.n_ff >= 1 << 22 else 1 << 20)
 
     w = gguf.GGUFWriter(str(path), shape.arch)
     w.add_name(f"synthetic-{name}")

@@ -1,22 +1,25 @@
 """Chains: who proposes to whom in a round, under which rules, and what a round of them costs.
 
-A :class:`Chain` lists its tiers from the bottom proposer (the n-gram drafter or a draft model)
-through any checking model up to the target, with one :class:`StageRule` per stage. Plain
-decoding is :data:`PLAIN`, the chain with no stage. The chains of a ladder come from the mode
-table, once:
+A :class:`Chain` lists its tiers from the bottom proposer (a drafter with no model, such as the
+n-gram drafter, or a draft model) through any checking model up to the target, with one
+:class:`StageRule` per stage. Plain decoding is :data:`PLAIN`, the chain with no stage. The
+chains of a ladder come from the mode table, once:
 
 - a fixed mode is one constant chain (:func:`mode_chain`: ``sd`` is ``draft -> target``,
   ``psd-*`` are ``draft -> qualifier -> target``, with the mode's rules);
-- ``auto`` chooses among :func:`ladder_chains` every round (plain decoding, the n-gram
-  drafter, each model drafting for the target, the pyramid);
+- ``auto`` chooses among :func:`ladder_chains` every round (plain decoding, each drafter with
+  no model, each model drafting for the target, the pyramid);
 - ``calibrate``, ``tune``, the planner and the prediction scripts price that same list with
   :meth:`Chain.price`.
 
 What a round of each chain costs and commits is one function per shape of chain, priced on the
 tiers' :class:`~.costs.CostCurve` and scored by :func:`~.policy.best_block` (expected committed
-tokens per second at each block size): :func:`price_plain`, :func:`price_ngram`,
+tokens per second at each block size): :func:`price_plain`, :func:`price_lookup` (a drafter
+with no model: its block is known before the round, drafting it costs nothing),
 :func:`price_draft` (a model drafting for the target) and :func:`price_pyramid`;
-:meth:`Chain.price` picks the one of its shape.
+:meth:`Chain.price` picks the one of its shape. Which drafters have no model is the ladder's
+:attr:`~pyramid_gguf.core.ladder.LadderShape.lookups` (the drafter kinds' registry,
+:mod:`pyramid_gguf.decoding.runtime.drafters`).
 
 Pure Python: a chain names tiers; :class:`~pyramid_gguf.decoding.runtime.rounds.RoundRunner`
 runs it on loaded models.
@@ -34,9 +37,6 @@ from ...core.modes import RuleFamily
 from ...core.spec import SpecConfig
 from . import policy
 from .costs import CostCurve
-
-#: The n-gram drafter's name where a chain names its tiers.
-NGRAM_TIER = "ngram"
 
 RuleKind = Literal["exact", "fuzzy", "greedy-match"]
 
@@ -89,14 +89,16 @@ class Stage:
 class Chain:
     """A round's shape: ``tiers`` from the bottom proposer up to ``target``, one rule per stage.
 
-    ``name`` is what statistics and ``auto`` call it: ``target`` (plain decoding), ``ngram``,
-    the name of the model drafting for the target (``draft``, ``qualifier``), or ``pyramid``
-    (``ngram-pyramid`` when the n-gram drafter feeds the qualifier).
+    ``name`` is what statistics and ``auto`` call it: ``target`` (plain decoding), the name of
+    a drafter with no model (``ngram``), the name of the model drafting for the target
+    (``draft``, ``qualifier``), or ``pyramid`` (``ngram-pyramid`` when the n-gram drafter feeds
+    the qualifier). ``lookup``: the bottom is a drafter with no model (no tier to evaluate).
     """
 
     name: str
     tiers: tuple[str, ...]
     rules: tuple[StageRule, ...] = ()
+    lookup: bool = False
 
     def __post_init__(self) -> None:
         if not self.tiers or self.tiers[-1] != "target" or len(self.rules) != len(self.tiers) - 1:
@@ -128,7 +130,7 @@ class Chain:
     @property
     def models(self) -> tuple[str, ...]:
         """The model tiers a round evaluates, smallest first (the target last)."""
-        return tuple(t for t in self.tiers if t != NGRAM_TIER)
+        return self.tiers[1:] if self.lookup else self.tiers
 
     @property
     def lossless(self) -> bool:
@@ -149,12 +151,12 @@ class Chain:
         batch: policy.Batch = policy.SOLO,
     ) -> policy.Pick:
         """This chain's best next round, by the price function of its shape (:func:`price_plain`,
-        :func:`price_ngram`, :func:`price_draft`, :func:`price_pyramid`).
+        :func:`price_lookup`, :func:`price_draft`, :func:`price_pyramid`).
 
         ``costs``: each tier's :class:`CostCurve` by name. ``keeps``: per stage (bottom-up)
         the keep probabilities of its proposals. ``lags``: committed tokens each model below
-        the target has not seen (it catches up when next used). ``available``: tokens the
-        n-gram drafter offers (its continuation). ``forced``: tokens a grammar forces before
+        the target has not seen (it catches up when next used). ``available``: tokens a
+        drafter with no model offers (its block). ``forced``: tokens a grammar forces before
         the block (certain acceptances, verified in the same batch). ``batch``: the rest of the
         batch the round rides in (``costs["target"]`` then prices this sequence's tokens at the
         margin of the combined evaluation). Plain decoding's pick is its one option.
@@ -164,18 +166,20 @@ class Chain:
         if self.plain:
             base = price_plain(target, overhead, forced, batch)
             return policy.Pick(base, base)
-        if self.bottom == NGRAM_TIER and len(self.rules) == 1:
+        if self.lookup and len(self.rules) == 1:
             first, after = keeps[0]
             n = max_k if available is None else available
-            return price_ngram(target, first, after, n, max_k, overhead, budget, forced, batch)
-        if self.bottom != NGRAM_TIER and len(self.rules) == 1:
+            return price_lookup(
+                self.name, target, first, after, n, max_k, overhead, budget, forced, batch
+            )
+        if not self.lookup and len(self.rules) == 1:
             model = self.bottom
             keep = keeps[0][0]
             lag = lags.get(model, 0)
             return price_draft(
                 model, target, costs[model], keep, max_k, lag, overhead, budget, forced, batch
             )
-        if self.bottom != NGRAM_TIER and len(self.rules) == 2:
+        if not self.lookup and len(self.rules) == 2:
             lower, middle = self.tiers[0], self.tiers[1]
             pair = (lags.get(lower, 0), lags.get(middle, 0))
             return price_pyramid(
@@ -207,26 +211,28 @@ def mode_chain(spec: SpecConfig, shape: LadderShape) -> Chain:
     shape.check(spec.mode)
     if info.n_tiers == 1:
         return PLAIN
-    bottom = NGRAM_TIER if shape.ngram else "draft"
+    bottom = shape.drafter or "draft"
+    lookup = shape.drafter is not None
     top = stage_rule(info.top, spec.tau_t, spec)
     if info.n_tiers == 2:
-        return Chain(bottom, (bottom, "target"), (top,))
-    name = "ngram-pyramid" if shape.ngram else "pyramid"
+        return Chain(bottom, (bottom, "target"), (top,), lookup)
+    name = f"{shape.drafter}-pyramid" if lookup else "pyramid"
     stage1 = stage_rule(info.stage1, spec.tau_q, spec)
-    return Chain(name, (bottom, "qualifier", "target"), (stage1, top))
+    return Chain(name, (bottom, "qualifier", "target"), (stage1, top), lookup)
 
 
 def ladder_chains(shape: LadderShape, spec: SpecConfig) -> tuple[Chain, ...]:
     """Every chain ``auto`` may run on a ladder of ``shape``, plain decoding first.
 
-    The n-gram drafter proposes to the target under the exact rule; each model tier below the
+    Each drafter with no model (:attr:`~pyramid_gguf.core.ladder.LadderShape.lookups`: the
+    n-gram drafter, ...) proposes to the target under the exact rule; each model tier below the
     target drafts for it; draft -> qualifier -> target when both are models. The model chains'
     rules are exact, or fuzzy with ``tau_q`` / ``tau_t`` when ``spec.allow_lossy``.
     """
     exact = StageRule(spec.exact_rule)
     lossy: RuleFamily = "fuzzy" if spec.allow_lossy else "exact"
     top = stage_rule(lossy, spec.tau_t, spec)
-    out = [PLAIN, Chain(NGRAM_TIER, (NGRAM_TIER, "target"), (exact,))]
+    out = [PLAIN, *(Chain(n, (n, "target"), (exact,), lookup=True) for n in shape.lookups)]
     out += [Chain(m, (m, "target"), (top,)) for m in shape.models if m != "target"]
     if "draft" in shape.models and "qualifier" in shape.models:
         stage1 = stage_rule(lossy, spec.tau_q, spec)
@@ -245,7 +251,8 @@ def price_plain(
     return policy.Option("target", 0, 1.0 + forced, target(1 + forced) + overhead, batch=batch)
 
 
-def price_ngram(
+def price_lookup(
+    name: str,
     target: CostCurve,
     first: float,
     after: float,
@@ -256,14 +263,15 @@ def price_ngram(
     forced: int = 0,
     batch: policy.Batch = policy.SOLO,
 ) -> policy.Pick:
-    """Proposing up to ``available`` n-gram tokens (drafting costs nothing) after ``forced``
-    tokens of a grammar (kept for certain, verified in the same batch)."""
+    """Drafter ``name``, with no model, proposing up to ``available`` tokens it read off the
+    text (drafting costs nothing; the n-gram drafter's continuation) after ``forced`` tokens of
+    a grammar (kept for certain, verified in the same batch)."""
     ks = range(1, min(available, max_k) + 1)
     tokens = [forced + policy.expected_tokens(first, after, k) for k in ks]
     seconds = [
         target(k + forced + 1) + overhead + expected_drop(target, first, after, k) for k in ks
     ]
-    return policy.best_block("ngram", tokens, seconds, budget=budget, batch=batch)
+    return policy.best_block(name, tokens, seconds, budget=budget, batch=batch)
 
 
 def expected_drop(curve: CostCurve, first: float, after: float, k: int, unseen: int = 0) -> float:

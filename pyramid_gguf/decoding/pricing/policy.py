@@ -25,8 +25,9 @@ blocks; text that does not loses at most one token's time beyond what it earned.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 #: A speculative option must beat plain decoding by this factor to be chosen (estimates are
@@ -230,6 +231,27 @@ def best_block(
 
     best = option(best_k)
     return Pick(best, best if allowed_k == best_k else option(allowed_k), refused)
+
+
+@functools.lru_cache(maxsize=256)
+def lookahead(cost: Callable[[int], float], keep: float, max_k: int) -> tuple[float, ...]:
+    """Seconds per expected token a lone draft's ``n``-th token must beat, ``[max_k]``
+    (entry ``n - 1``): the least, over block lengths ``m >= n``, of what verifying ``m``
+    drafted tokens costs beyond ``n - 1`` (``cost(m + 1) - cost(n)``, ``cost`` the target's
+    seconds for a batch) over the tokens the ``n``-th and the ``m - n`` after it add, each
+    kept at ``keep`` given the one before (the ``n``-th counted whole: the caller weighs it by
+    the chance it is reached and kept). With ``m = n`` alone this is the marginal rule.
+    Cached: the curve and the keep rate (to 0.01) change rarely."""
+    c = [cost(i) for i in range(1, max_k + 2)]  # c[i - 1]: a batch of i
+    out = []
+    for n in range(1, max_k + 1):
+        best, run, term = math.inf, 0.0, 1.0
+        for m in range(n, max_k + 1):
+            run += term
+            term *= keep
+            best = min(best, (c[m] - c[n - 1]) / run)
+        out.append(best)
+    return tuple(out)
 
 
 def choose(base: Option, options: Iterable[Option | None]) -> Option:

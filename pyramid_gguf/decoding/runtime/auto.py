@@ -7,21 +7,23 @@ same :class:`~.rounds.RoundRunner` and proposers as the fixed modes, and learns 
 outcome:
 
 - ``target``: plain decoding (also whenever nothing else pays);
-- ``ngram``: the n-gram drafter's continuation (:class:`~.proposers.NGramProposer`), sized by
-  its match length;
+- ``ngram`` (and any other drafter with no model, :mod:`.drafters`): the block it offers (the
+  n-gram drafter's continuation), priced by its own estimator (the match length);
 - ``draft`` / ``qualifier``: that model drafts for the target (``sd``), stopping early when
   its confidence no longer pays for the verification;
 - ``pyramid``: draft -> qualifier -> target (``psd-exact``).
 
 Each round's :class:`~.policy.Budget` limits what it may lose to what the speculative rounds so
 far saved over plain decoding (the generation's :class:`~.policy.Ledger`, priced by the same
-cost curves), plus one token's time for a confident bet. When plain decoding runs although the
-n-gram drafter had a block worth proposing, that block becomes a :class:`Shadow`: once the
-target's own tokens show how much of it would have been kept, it teaches the n-gram estimates
-and credits the budget (:data:`~.policy.SHADOW_CREDIT`), at no cost. Text that copies thus
-earns its first bets while decoding plainly; text that only echoes a phrase does not.
+cost curves), plus one token's time for a confident bet. When plain decoding runs although a
+drafter with no model (the n-gram drafter) had a block worth proposing, that block becomes a
+:class:`Shadow`: once the target's own tokens show how much of it would have been kept, it
+teaches that drafter's estimates and credits the budget (:data:`~.policy.SHADOW_CREDIT`), at no
+cost. Text that copies thus earns its first bets while decoding plainly; text that only echoes
+a phrase does not.
 
-The chains are :func:`~.chains.ladder_chains` of the ladder. They are lossless (exact rules)
+The chains are :func:`~.chains.ladder_chains` of the ladder; each drafter with no model is
+built from its kind in the registry (:mod:`.drafters`). They are lossless (exact rules)
 unless ``allow_lossy``, which makes the model chains use the fuzzy rules (``fsd``, ``psd-f``
 with ``tau_t`` / ``tau_q``). Tiers other than the target are never prefilled: a model catches up on
 the committed text only if and when it is chosen.
@@ -41,14 +43,16 @@ from typing import Protocol
 
 from ...core.spec import SpecConfig
 from ..pricing import policy
-from ..pricing.chains import NGRAM_TIER, Chain, Keep, ladder_chains, price_plain
+from ..pricing.chains import Chain, Keep, ladder_chains, price_plain
 from ..pricing.costs import CostCurve
-from ..pricing.estimates import ChainAcceptance, NGramAcceptance
+from ..pricing.estimates import ChainAcceptance
 from ..pricing.policy import Option, Pick
+from . import drafters
 from .batcher import Load
+from .drafters import DraftSetup, Lookup, Offer
 from .guide import Guide
-from .ngram import Match, NGramPool
-from .proposers import Admit, DraftProposer, NGramProposer, Observe, Proposer
+from .ngram import NGramPool
+from .proposers import Admit, DraftProposer, Observe, Proposer
 from .rounds import RoundRunner
 from .sampling import Sampler
 from .stats import AutoStats, GenerationStats
@@ -77,16 +81,18 @@ class SlotLoad(Protocol):
 
 @dataclass(frozen=True)
 class Shadow:
-    """An n-gram block not proposed (plain decoding ran instead), to be settled against the
-    tokens committed from position ``at`` on. ``option``: its price and promise then."""
+    """A block drafter ``lookup`` offered but did not propose (plain decoding ran instead), to
+    be settled against the tokens committed from position ``at`` on. ``option``: its price
+    and promise then."""
 
     at: int
-    match: Match
+    lookup: str
+    offer: Offer
     option: Option
 
     @property
     def block(self) -> list[int]:
-        return self.match.continuation[: self.option.k]
+        return self.offer.continuation[: self.option.k]
 
 
 class AutoScheduler:
@@ -118,20 +124,20 @@ class AutoScheduler:
             )
             for c in self.chains.values()
         }
-        self.ngram_chain = self.chains[NGRAM_TIER]
+        #: The drafters with no model (the n-gram drafter, on every match of
+        #: :data:`~.ngram.KEY` tokens or more), by the name of their chain.
+        setup = DraftSetup(spec.max_block, spec, pool, auto=True)
+        self.lookups: dict[str, Lookup] = {
+            c.name: drafters.lookup(c.bottom, setup) for c in self.chains.values() if c.lookup
+        }
         #: Chains drafted by models, in the ladder's order (each model drafting, the pyramid).
-        self.model_chains = [
-            c for c in self.chains.values() if not c.plain and c.bottom != NGRAM_TIER
-        ]
-        #: The n-gram drafter, on every match of :data:`~.ngram.KEY` tokens or more.
-        self.ngram = NGramProposer(spec.max_block, pool=pool)
-        self.ngram_keep = NGramAcceptance()
+        self.model_chains = [c for c in self.chains.values() if not c.plain and not c.lookup]
         self.chain_keep = ChainAcceptance()
         self.overhead = ROUND_OVERHEAD
         self.ledger = policy.Ledger()
         self.auto = stats.auto = AutoStats()
         #: Where the answer starts in the committed tokens (set by the first round): n-gram
-        #: matches before it quote the prompt.
+        #: matches before it quote the prompt (every drafter with no model is told).
         self.answer_start: int | None = None
         self.shadows: list[Shadow] = []
         #: Rounds run so far in this generation.
@@ -144,25 +150,25 @@ class AutoScheduler:
         self,
         committed: Sequence[int],
         max_k: int,
-        match: Match | None,
+        offers: Mapping[str, Offer],
         budget: policy.Budget,
         forced: int = 0,
         priced: Priced | None = None,
     ) -> dict[str, Pick]:
         """Every chain's options within ``budget``, by chain name, each after ``forced`` tokens
         of a grammar (``committed`` includes them), in the batch of ``priced`` (default:
-        alone). A model chain whose bound (:meth:`_bound`) cannot beat plain decoding is not
-        priced (it could not be chosen): its pick holds the bound only."""
+        alone). ``offers``: the blocks the drafters with no model offer, by chain name. A model
+        chain whose bound (:meth:`_bound`) cannot beat plain decoding is not priced (it could
+        not be chosen): its pick holds the bound only."""
         costs, batch = priced or (self.costs, policy.SOLO)
         out: dict[str, Pick] = {}
-        if match is not None:  # any length: the estimates say what a match length is worth
-            keep = self.ngram_keep.estimate(match.length, quoted=match.quoted)
-            out[self.ngram_chain.name] = self.ngram_chain.price(
+        for name, offer in offers.items():  # any length: its estimates say what it is worth
+            out[name] = self.chains[name].price(
                 costs,
-                (keep,),
+                (self.lookups[name].keep(offer),),
                 max_k,
                 overhead=self.overhead,
-                available=len(match.continuation),
+                available=len(offer.continuation),
                 budget=budget,
                 forced=forced,
                 batch=batch,
@@ -225,32 +231,35 @@ class AutoScheduler:
 
     def run(self, committed: list[int], room: int) -> list[int]:
         if self.answer_start is None:
-            self.answer_start = self.ngram.answer_start = len(committed)
+            self.answer_start = len(committed)
+            for lookup in self.lookups.values():
+                lookup.start(self.answer_start)
         # A grammar's forced tokens come first, free: every option is priced after them.
         forced = self.runner.forced_tokens(committed, room - 1)
         ctx = [*committed, *forced] if forced else committed
         left = room - 1 - len(forced)
         max_k = min(self.spec.max_block, left) if left > 0 else 0
-        match = self.ngram.match(ctx, max_k) if max_k > 0 else None
+        offers = self._offers(ctx, max_k) if max_k > 0 else {}
         priced = self._priced()
         costs, batch = priced
         plain = price_plain(costs["target"], self.overhead, batch=batch)
         base = price_plain(costs["target"], self.overhead, len(forced), batch) if forced else plain
         self._settle(committed, plain)
         # An answer copying its prompt bets as llama.cpp does, bounded by its estimates alone.
-        copying = match is not None and match.copying
+        copying = any(o.copying for o in offers.values())
         budget = policy.Budget(base) if copying else self.ledger.budget(base)
-        picks = self.picks(ctx, max_k, match, budget, len(forced), priced) if max_k > 0 else {}
+        picks = self.picks(ctx, max_k, offers, budget, len(forced), priced) if max_k > 0 else {}
         choice = policy.choose(base, [p.allowed for p in picks.values()])
         if choice is base and any(p.refused for p in picks.values()):
             self.auto.unfunded += 1
-        shadow = picks.get(self.ngram_chain.name, Pick()).best
-        if choice is base and match is not None and shadow is not None and not forced:
-            self._shadow(committed, match, shadow, base)
+        for name, offer in offers.items():
+            shadow = picks.get(name, Pick()).best
+            if choice is base and shadow is not None and not forced:
+                self._shadow(committed, name, offer, shadow, base)
         for name, pick in picks.items():
             if pick.best is not None:
                 self.auto.outlook[name] = pick.best.rate / base.rate
-        new, proposed = self._execute(choice, committed, match, forced, costs["target"])
+        new, proposed = self._execute(choice, committed, offers, forced, costs["target"])
         if self.load is not None:
             self.load.report(len(forced) + proposed + 1, len(new))
         self.rounds += 1
@@ -261,11 +270,22 @@ class AutoScheduler:
         self.auto.shadow_credit = self.ledger.shadow_credit
         return new
 
-    def _shadow(self, committed: Sequence[int], match: Match, option: Option, base: Option) -> None:
-        """Keep the n-gram block this plain round did not propose (``option``: its best block
-        without a budget), when it was worth it."""
+    def _offers(self, context: Sequence[int], max_k: int) -> dict[str, Offer]:
+        """The block each drafter with no model offers after ``context``, by chain name."""
+        out = {}
+        for name, lookup in self.lookups.items():
+            offer = lookup.offer(context, max_k)
+            if offer is not None:
+                out[name] = offer
+        return out
+
+    def _shadow(
+        self, committed: Sequence[int], name: str, offer: Offer, option: Option, base: Option
+    ) -> None:
+        """Keep the block of ``name`` this plain round did not propose (``option``: its best
+        block without a budget), when it was worth it."""
         if option.rate >= base.batch.factor(policy.MIN_GAIN) * base.rate:
-            self.shadows.append(Shadow(len(committed), match, option))
+            self.shadows.append(Shadow(len(committed), name, offer, option))
 
     def _settle(self, committed: Sequence[int], base: Option) -> None:
         """Settle the shadows the committed tokens now decide: the target kept (or sampled)
@@ -279,7 +299,7 @@ class AutoScheduler:
             if kept == len(seen) < len(block):
                 pending.append(s)  # not decided yet
                 continue
-            self.ngram_keep.record(s.match.length, len(block), kept, quoted=s.match.quoted)
+            self.lookups[s.lookup].learn(s.offer, len(block), kept)
             self.ledger.shadow((kept + 1) * base.seconds - s.option.seconds)
             self.auto.shadows += 1
         self.shadows = pending
@@ -288,24 +308,26 @@ class AutoScheduler:
         self,
         choice: Option,
         committed: list[int],
-        match: Match | None,
+        offers: Mapping[str, Offer],
         forced: list[int],
         c_t: CostCurve,
     ) -> tuple[list[int], int]:
         """Run ``choice`` after the grammar's ``forced`` tokens (``c_t``: the target's cost
-        curve it was priced with); the committed tokens and how many were drafted."""
+        curve it was priced with; ``offers``: the blocks it was priced with); the committed
+        tokens and how many were drafted."""
         chain = self.chains[choice.chain]
         if chain.plain and not forced:
             return self.runner.plain(committed), 0
         if chain.plain:  # the forced tokens and the target's next one in one batch, none drafted
-            r = self.runner.speculate(self.ngram_chain, self.ngram, committed, forced, 0)
+            name, first = next(iter(self.lookups.items()))  # the n-gram's chain verifies them
+            r = self.runner.speculate(self.chains[name], first.proposer, committed, forced, 0)
             return r.tokens, 0
         proposer = self._proposer(chain, choice, c_t)
-        k = choice.k if chain is self.ngram_chain else self.spec.max_block
+        lookup = self.lookups.get(chain.name)
+        k = choice.k if lookup is not None else self.spec.max_block
         r = self.runner.speculate(chain, proposer, committed, forced, k)
-        if chain is self.ngram_chain:
-            assert match is not None
-            self.ngram_keep.record(match.length, r.proposed, r.kept, quoted=match.quoted)
+        if lookup is not None:
+            lookup.learn(offers[chain.name], r.proposed, r.kept)
             return r.tokens, r.proposed
         self.chain_keep.record(chain.top.name, r.proposed, r.kept)
         if isinstance(proposer, DraftProposer) and proposer.top_probs:
@@ -313,17 +335,19 @@ class AutoScheduler:
         return r.tokens, r.proposed
 
     def _proposer(self, chain: Chain, choice: Option, c_t: CostCurve) -> Proposer:
-        """The proposer of ``choice``: the n-gram drafter (which proposes the match ``choice``
-        was priced by), or ``chain``'s models: a lone draft stops where its next token no
-        longer pays (:meth:`_admit`); a pyramid's checks teach its first stage's keep rate."""
+        """The proposer of ``choice``: a drafter with no model (which proposes the block
+        ``choice`` was priced by), or ``chain``'s models: a lone draft stops where its next
+        token no longer pays (:meth:`_admit`); a pyramid's checks teach its first stage's keep
+        rate."""
         pyramid = len(chain.stages) > 1
-        lone_draft = not pyramid and chain is not self.ngram_chain
+        lookup = self.lookups.get(chain.name)
+        lone_draft = not pyramid and lookup is None
         return self.runner.build_proposer(
             chain,
             k=choice.k,
             l_d=choice.l_d,
             admit=self._admit(choice, c_t) if lone_draft else None,
-            ngram=self.ngram,
+            lookup=None if lookup is None else lookup.proposer,
             observe=self._observe(chain.stages[0].name) if pyramid else None,
         )
 
@@ -338,15 +362,21 @@ class AutoScheduler:
     def _admit(self, choice: Option, c_t: CostCurve) -> Admit:
         """Propose one more drafted token while the expected tokens it adds (the chance that
         it and every one before it are kept) pay for its share of the verification (priced by
-        ``c_t``) at the rate the round was chosen for."""
+        ``c_t``) at the rate the round was chosen for, looking ahead: a token also pays when
+        drafting on to a longer block whose verification costs little more does
+        (:func:`~.policy.lookahead`: a curve that falls past op offload makes the next token
+        dear and the 32nd cheap)."""
         rate = choice.rate
+        stage = self.chains[choice.chain].stages[0].name
+        keep = round(self.chain_keep.rate(stage), 2)
+        limits = policy.lookahead(c_t, keep, self.spec.max_block)
 
         def admit(tops: list[float]) -> bool:
             n = len(tops)
             reach = 1.0
             for p in tops:
                 reach *= self.chain_keep.token(p)
-            return reach >= rate * (c_t(n + 1) - c_t(n))
+            return n > len(limits) or reach >= rate * limits[n - 1]
 
         return admit
 

@@ -197,8 +197,9 @@ def probe_identity(model: NativeModel, *, max_n: int = IDENTITY_MAX) -> int:
 
 
 #: Load settings that do not change what an evaluation costs (the context's size barely does;
-#: ``strict_identity`` splits batches by the probed size, priced from the same curve).
-_NOT_KEYED = frozenset({"n_ctx", "parallel", "strict_identity", "force_snapshot_rollback"})
+#: ``strict_identity`` splits batches by the probed size, priced from the same curve; ``pcie``
+#: only moves the planner's predictions).
+_NOT_KEYED = frozenset({"n_ctx", "parallel", "strict_identity", "force_snapshot_rollback", "pcie"})
 
 
 def cache_key(model: NativeModel) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..pricing.chains import NGRAM_TIER, StageRule
+from ...core.ladder import NGRAM
+from ..pricing.chains import StageRule
 from .guide import Guide
 from .ngram import KEY, Match, NGramLookup, NGramPool
 from .sampling import Sampler
@@ -200,7 +201,7 @@ class NGramProposer:
     given; matches before it (and in the pool) are :attr:`~.ngram.Match.quoted`.
     """
 
-    name = NGRAM_TIER
+    name = NGRAM.name
 
     def __init__(self, length: int, *, min_match: int = KEY, pool: NGramPool | None = None):
         self.length = length

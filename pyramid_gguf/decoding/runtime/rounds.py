@@ -9,7 +9,8 @@ one round of any :class:`~.chains.Chain`:
   (:func:`~.verification.verify`), and the kept prefix plus the target's own token are the
   round's tokens (:class:`RoundResult`);
 - :meth:`RoundRunner.build_proposer`: the proposer of a chain's lower stages (the draft model
-  or the n-gram drafter at the bottom, each qualifier wrapping it as a stage).
+  or a drafter with no model, such as the n-gram drafter, at the bottom, each qualifier
+  wrapping it as a stage).
 
 Which chain runs is a :class:`Scheduler`'s choice: a fixed mode is a :class:`FixedScheduler`,
 its one chain every round; ``auto`` is :class:`~.auto.AutoScheduler`, the best chain each
@@ -27,10 +28,11 @@ from typing import Protocol
 import numpy as np
 
 from ...core.spec import SpecConfig
-from ..pricing.chains import NGRAM_TIER, Chain, mode_chain
+from ..pricing.chains import Chain, mode_chain
+from . import drafters
 from .guide import Guide
 from .ngram import NGramPool
-from .proposers import Admit, DraftProposer, NGramProposer, Observe, Proposer, QualifiedProposer
+from .proposers import Admit, DraftProposer, Observe, Proposer, QualifiedProposer
 from .sampling import Sampler
 from .stats import GenerationStats
 from .tiers import Ladder, ModelTier
@@ -171,21 +173,22 @@ class RoundRunner:
         l_d: int,
         p_min: float = 0.0,
         admit: Admit | None = None,
-        ngram: NGramProposer | None = None,
+        lookup: Proposer | None = None,
         observe: Observe | None = None,
     ) -> Proposer:
         """The proposer of ``chain``'s lower stages, offering up to ``k`` tokens to the target.
 
-        The bottom is ``ngram`` (the n-gram drafter) or the chain's draft model, drafting
+        The bottom is ``lookup`` (the proposer of a drafter with no model, such as the n-gram
+        drafter, when the chain's bottom is one) or the chain's draft model, drafting
         ``l_d`` tokens per check in a pyramid (``k`` when it proposes to the target itself),
         stopping by ``p_min`` or ``admit``. Each middle tier wraps it as a qualified stage
         that fills a buffer of ``k`` tokens (``observe`` hears each of its checks).
         """
         stages = chain.stages
-        if chain.bottom == NGRAM_TIER:
-            if ngram is None:
-                raise ValueError("an n-gram chain needs the n-gram proposer")
-            proposer: Proposer = ngram
+        if chain.lookup:
+            if lookup is None:
+                raise ValueError(f"chain {chain.name} needs the proposer of {chain.bottom}")
+            proposer: Proposer = lookup
         else:
             length = l_d if len(stages) > 1 else k
             tier = self.ladder.tier(chain.bottom)
@@ -249,15 +252,16 @@ def fixed_scheduler(
     one-line UserError when the ladder lacks a tier the mode needs).
 
     The knobs: ``l_d`` tokens drafted per check, ``l_q`` qualified tokens per target check in a
-    pyramid, ``p_min`` for a draft model, ``ngram_min`` for the n-gram drafter.
+    pyramid, ``p_min`` for a draft model; a drafter with no model (:mod:`.drafters`) reads its
+    own (``ngram_min`` for the n-gram drafter).
     """
     chain = mode_chain(spec, ladder.shape)
     runner = RoundRunner(ladder, sampler, stats, guide)
     if chain.plain:
         return FixedScheduler(runner, chain), runner.tiers(chain)
-    ngram = None
-    if chain.bottom == NGRAM_TIER:
-        ngram = NGramProposer(spec.l_d, min_match=spec.ngram_min, pool=pool)
+    lookup = None
+    if chain.lookup:
+        lookup = drafters.lookup(chain.bottom, drafters.DraftSetup(spec.l_d, spec, pool)).proposer
     block = spec.l_q if len(chain.stages) > 1 else spec.l_d
-    proposer = runner.build_proposer(chain, k=block, l_d=spec.l_d, p_min=spec.p_min, ngram=ngram)
+    proposer = runner.build_proposer(chain, k=block, l_d=spec.l_d, p_min=spec.p_min, lookup=lookup)
     return FixedScheduler(runner, chain, proposer, block), runner.tiers(chain)

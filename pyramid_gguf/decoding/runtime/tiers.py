@@ -16,7 +16,7 @@ from typing import Literal, cast, overload
 import numpy as np
 
 from ...core.files import check_gguf_path
-from ...core.ladder import NGRAM, LadderPaths, LadderShape, NGram
+from ...core.ladder import Drafter, LadderPaths, LadderShape
 from ...core.load import LoadConfig
 from ...models.vocab_check import check_same_vocabulary
 from ...native import EvalTimer, ModelSequence, MtpSequence, NativeModel, Vocab
@@ -122,18 +122,19 @@ class ModelTier:
 
 @dataclass(frozen=True)
 class Ladder:
-    """The loaded tiers. ``draft`` is a model tier, :data:`~pyramid_gguf.core.ladder.NGRAM`, or
-    None."""
+    """The loaded tiers. ``draft`` is a model tier, a drafter with no model (a
+    :class:`~pyramid_gguf.core.ladder.Drafter` such as
+    :data:`~pyramid_gguf.core.ladder.NGRAM`), or None."""
 
     target: ModelTier
     qualifier: ModelTier | None = None
-    draft: ModelTier | NGram | None = None
+    draft: ModelTier | Drafter | None = None
 
     @property
     def models(self) -> list[ModelTier]:
         """The loaded models, smallest first."""
         tiers = (self.draft, self.qualifier, self.target)
-        return [t for t in tiers if t is not None and not isinstance(t, NGram)]
+        return [t for t in tiers if t is not None and not isinstance(t, Drafter)]
 
     @property
     def n_tiers(self) -> int:
@@ -142,7 +143,8 @@ class Ladder:
     @property
     def shape(self) -> LadderShape:
         """Which tiers are present (what chains and modes need to know)."""
-        return LadderShape(tuple(m.name for m in self.models), isinstance(self.draft, NGram))
+        drafter = self.draft.name if isinstance(self.draft, Drafter) else None
+        return LadderShape(tuple(m.name for m in self.models), drafter)
 
     def tier(self, name: str) -> ModelTier:
         """The loaded model of tier ``name`` (``draft``, ``qualifier`` or ``target``)."""
@@ -153,14 +155,10 @@ class Ladder:
 
     @property
     def tier_names(self) -> list[str]:
-        """Names of the tiers present (``ngram`` for the n-gram drafter), smallest first."""
-        out = []
-        for t in (self.draft, self.qualifier, self.target):
-            if isinstance(t, ModelTier):
-                out.append(t.name)
-            elif isinstance(t, NGram):
-                out.append(str(t))
-        return out
+        """Names of the tiers present (a drafter with no model by its name, ``ngram``),
+        smallest first."""
+        tiers = (self.draft, self.qualifier, self.target)
+        return [t.name for t in tiers if isinstance(t, ModelTier | Drafter)]
 
     def close(self) -> None:
         for m in self.models:
@@ -173,20 +171,24 @@ def load_ladder(
     """Load every model file of ``paths`` (all checked before any is loaded) and check that
     they share one vocabulary. ``tier_loads`` overrides ``load`` per tier (a memory plan)."""
     files = {tier: check_gguf_path(p) for tier, p in paths.model_files().items()}
+    drafter = paths.drafter
+    head = drafter is not None and drafter.loads == "target-head"
     models: dict[str, NativeModel] = {}
     try:
         for tier in reversed(files):  # target first: the others are checked against it
             cfg = (tier_loads or {}).get(tier, load)
-            if tier == "target" and paths.mtp:
+            if tier == "target" and head:
                 cfg = replace(cfg, load_mtp=True)
             models[tier] = NativeModel(files[tier], cfg)
         check_same_vocabulary(list(models.values()))
-        if paths.mtp:  # the target's own head drafts: a model tier named draft
+        if head:  # the target's own head drafts: a model tier named draft
             models["draft"] = cast(NativeModel, MtpSequence(models["target"]))
     except BaseException:
         for m in models.values():
             m.close()
         raise
     tiers = {t: ModelTier(t, m) for t, m in models.items()}
-    draft: ModelTier | NGram | None = NGRAM if paths.ngram else tiers.get("draft")
+    draft: ModelTier | Drafter | None = tiers.get("draft")
+    if drafter is not None and not drafter.model:
+        draft = drafter
     return Ladder(tiers["target"], tiers.get("qualifier"), draft)
