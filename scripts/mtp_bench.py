@@ -6,9 +6,10 @@ In one run, interleaved per repeat:
 - **ours, fixed accepted lengths**: one round as ``sd`` with ``--draft mtp`` runs it (the head
   drafts ``k`` tokens greedily, the target verifies ``k + 1`` in one batch, both roll back to
   what is kept), with the number kept forced to ``a = 0..k``: seconds per round at each ``a``
-  (rollback through llama.cpp's per-sequence snapshots, ``n_rs_seq``; ``--n-rs-seq 0`` times
-  the saved-state path instead);
-- **ours, end to end**: ``Pyramid.generate`` in ``target`` and in ``sd`` with ``--draft mtp``
+  (rollback through llama.cpp's per-sequence snapshots, ``n_rs_seq = k`` as the loader sets
+  it for ``sd``; ``--n-rs-seq 0`` times the saved-state path instead);
+- **ours, end to end**: ``Pyramid.generate`` in ``target`` (loaded alone for it, as
+  ``run --mode target`` is: no head, no snapshots) and in ``sd`` with ``--draft mtp``
   (``l_d = k``), greedy, ``-n`` tokens: tok/s, rounds, tokens kept per round;
 - **llama.cpp**: ``llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max k`` on the
   same prompt, greedy, same threads: tok/s, drafted and kept tokens, hence rounds and its
@@ -81,19 +82,26 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
         n_rs_seq=args.n_rs_seq,
     )
     greedy = SamplingConfig(temperature=0, max_tokens=args.n, ignore_eos=True)
-    with Pyramid.from_paths(args.model, draft="mtp", load=load) as p:
-        res: dict[str, Any] = {"fixed": fixed_rounds(p, args.k, args.rounds)}
-        for mode in ("target", "sd"):
-            p.generate(PROMPT, greedy.with_(max_tokens=4), SpecConfig(mode=mode))  # warm-up
-            r = p.generate(PROMPT, greedy, SpecConfig(mode=mode, l_d=args.k))  # type: ignore[arg-type]
+    res: dict[str, Any] = {}
+    sd = SpecConfig(mode="sd", l_d=args.k)
+    plain = SpecConfig(mode="target")
+    # plain decoding as ``run --mode target`` loads it (no head, no snapshots: like llama-bench);
+    # the MTP rounds loaded for sd with l_d = k (n_rs_seq = k, as draft-mtp's need_n_rs_seq)
+    for draft, spec in ((None, plain), ("mtp", sd)):
+        with Pyramid.from_paths(args.model, draft=draft, load=load, spec=spec) as p:
+            if draft is not None:
+                res["fixed"] = fixed_rounds(p, args.k, args.rounds)
+            p.generate(PROMPT, greedy.with_(max_tokens=4), spec)  # warm-up
+            r = p.generate(PROMPT, greedy, spec)
             st = r.stats
             verif = sum(s.verifications for s in st.stages)
-            res[mode] = {
+            res[spec.mode] = {
                 "tok_s": st.generation_tps,
                 "rounds": verif,
                 "tokens": len(r.token_ids),
+                "n_rs_seq": p.ladder.target.loaded.n_rs_seq,
             }
-        return res
+    return res
 
 
 def peer(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=6, help="rounds timed per kept length")
-    ap.add_argument("--n-rs-seq", type=int, default=16)
+    ap.add_argument("--n-rs-seq", type=int, default=16, help="the cap (LoadConfig.n_rs_seq)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not args.model.is_file():
@@ -166,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ours_at = float(np.interp(kept, np.arange(args.k + 1), fixed))
     plain = med(r["ours"]["target"]["tok_s"] for r in runs)
     tg = med(r["llama_bench_tg"] for r in runs)
-    print(f"k = {args.k}, n_rs_seq = {args.n_rs_seq}, threads = {args.threads}")
+    rs = {m: runs[0]["ours"][m]["n_rs_seq"] for m in ("target", "sd")}
+    print(f"k = {args.k}, n_rs_seq = {rs} (cap {args.n_rs_seq}), threads = {args.threads}")
     for a, s in enumerate(fixed):
         print(f"  ours: one round keeping {a}: {s * 1e3:8.1f} ms")
     print(

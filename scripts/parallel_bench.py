@@ -16,9 +16,11 @@ is larger) on ``/v1/chat/completions``, the same request bodies on both sides (g
 
 Per request it records wall time, completion tokens (the usage of the final chunk; content
 chunks counted where a server sends none), time to first token (until the first SSE chunk
-carrying content) and the answer. A phase's tok/s is its completion tokens over the wall time
-from its first send to its last finish. Answers of the concurrent phase are compared with the
-same prompt's answer one at a time (batched evaluation may move floating-point near-ties).
+carrying content), the prompt tokens evaluated and reused from a cache (``timings``'
+``prompt_n`` and ``cache_n``, printed per request) and the answer. A phase's tok/s is its
+completion tokens over the wall time from its first send to its last finish. Answers of the
+concurrent phase are compared with the same prompt's answer one at a time (batched evaluation
+may move floating-point near-ties).
 Both servers keep their prompt caches on, as by default, so the phase that runs second (all at
 once, unless ``--together-first``) may reuse the prompts the first one evaluated, alike on both
 sides: its time to first token is then mostly the wait for a slot, not prompt evaluation.
@@ -239,6 +241,9 @@ class Record:
     error: str | None = None
     #: llama-server's own ``timings`` of the request (final chunk): ms per generated token.
     ms_per_token: float = float("nan")
+    #: ``timings`` (both servers): prompt tokens evaluated, and reused from a cache.
+    prompt_n: int | None = None
+    cache_n: int | None = None
 
 
 def body(args: argparse.Namespace, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -289,6 +294,9 @@ def chat(client: httpx.Client, base: str, payload: dict[str, Any], index: int) -
                 timings = event.get("timings") or {}
                 if timings.get("predicted_per_token_ms") is not None:
                     rec.ms_per_token = float(timings["predicted_per_token_ms"])
+                if timings.get("prompt_n") is not None:
+                    rec.prompt_n = int(timings["prompt_n"])
+                    rec.cache_n = int(timings.get("cache_n") or 0)
                 usage = event.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
                     rec.tokens, rec.usage = int(usage["completion_tokens"]), True
@@ -432,6 +440,16 @@ def split_line(name: str, m: dict[str, float]) -> str:
     return line
 
 
+def prompt_line(name: str, phase: Phase) -> str:
+    """Per request (the server's ``timings``): prompt tokens evaluated + reused from a cache,
+    and time to first token, in send order."""
+    recs = [r for r in phase.records if r.prompt_n is not None]
+    if not recs:
+        return ""
+    cells = ", ".join(f"{r.prompt_n}+{r.cache_n} in {r.ttft:.2f} s" for r in recs)
+    return f"    {name}: prompt tokens evaluated+cached, and TTFT, per request: {cells}"
+
+
 @dataclass
 class Run:
     """One server's measurement in one repeat."""
@@ -480,6 +498,8 @@ def measure(args: argparse.Namespace, server: str, repeat: int) -> Run:
         flush=True,
     )
     for name, phase in (("one at a time", solo), ("all at once", together)):
+        if line := prompt_line(name, phase):
+            print(line, flush=True)
         if line := split_line(name, phase.metrics):
             print(line, flush=True)
         own = [r.ms_per_token for r in phase.records if r.ms_per_token == r.ms_per_token]

@@ -8,16 +8,18 @@ test is the scheduler: the cost curve, the acceptance estimates, the budget
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
 from cost_curves import AVX512, NOAMX
+from traces_fixtures import synthetic_trace
 
 from pyramid_gguf.core.sampling import SamplingConfig
 from pyramid_gguf.core.spec import SpecConfig
-from pyramid_gguf.decoding.offline.replay import ScriptedTarget, replay
+from pyramid_gguf.decoding.offline.replay import ScriptedTarget, replay, replay_trace
 from pyramid_gguf.decoding.pricing import policy
+from pyramid_gguf.decoding.pricing.chains import Chain, Keep
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.runtime import ngram
 from pyramid_gguf.decoding.runtime.auto import AutoScheduler
@@ -129,3 +131,44 @@ def test_the_scripted_target_charges_the_cost_curve() -> None:
     plain = replay([1, 2, 3], [4, 5, 6, 7], AVX512)  # nothing to copy: plain decoding
     assert plain.tokens == [4, 5, 6, 7] and plain.evaluations == 4
     assert plain.speedup == pytest.approx(1.0)
+
+
+def _uncached_bound(
+    self: AutoScheduler, chain: Chain, keeps: tuple[Keep, ...], max_k: int, forced: int, priced
+) -> policy.Option | None:
+    costs, batch = priced
+    return chain.price(costs, keeps, max_k, overhead=self.overhead, forced=forced, batch=batch).best
+
+
+@pytest.mark.parametrize("agree", [0.0, 0.5, 0.9])
+def test_auto_skips_pricing_it_can_prove_refused_and_chooses_the_same(
+    monkeypatch: pytest.MonkeyPatch, agree: float
+) -> None:
+    """A hybrid-like CPU target (14 ms a token, 6 ms each more) and a cheap head (1.7 ms): at
+    its optimistic keep rate the head's chain looks worth a bet, yet a draft that never agrees
+    earns nothing to fund one. ``auto`` prices such a chain once per :data:`REFUSAL_ROUNDS`
+    rounds, not every round, and reuses a lone draft's bound across shorter block limits;
+    every round still chooses what pricing it in full chooses."""
+    trace = synthetic_trace(4, n=160, draft=agree)
+    costs = {"target": CostCurve.shaped(0.014, 0.006), "draft": CostCurve.shaped(0.0017, 0.0015)}
+    calls = [0]
+    price = Chain.price
+
+    def counted(self: Chain, *args: Any, **kwargs: Any) -> policy.Pick:
+        calls[0] += 1
+        return price(self, *args, **kwargs)
+
+    monkeypatch.setattr(Chain, "price", counted)
+    cached = replay_trace(trace, costs, SpecConfig(mode="auto"))
+    skipping = calls[0]
+    calls[0] = 0
+    monkeypatch.setattr(AutoScheduler, "_refused", lambda *args: None)
+    monkeypatch.setattr(AutoScheduler, "_bound", _uncached_bound)
+    full = replay_trace(trace, costs, SpecConfig(mode="auto"))
+    assert cached.tokens == full.tokens == list(trace.answer)
+    chosen = {c: (s.rounds, s.proposed, s.committed) for c, s in cached.auto.choices.items()}
+    assert chosen == {c: (s.rounds, s.proposed, s.committed) for c, s in full.auto.choices.items()}
+    assert cached.seconds == full.seconds and cached.evaluations == full.evaluations
+    if agree == 0.0:
+        assert "draft" not in cached.auto.choices and cached.auto.outlook["draft"] > 1.03
+        assert skipping < calls[0] / 4

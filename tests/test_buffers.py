@@ -9,6 +9,7 @@ must be exactly llama.cpp's own placement, with bit-identical logits.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,13 @@ import pytest
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.decoding.runtime.calibrate import cache_key
-from pyramid_gguf.native import NativeModel, buffers, build_has_amx_kernels, supports_gpu_offload
+from pyramid_gguf.native import (
+    NativeModel,
+    buffers,
+    build_has_amx_kernels,
+    compute,
+    supports_gpu_offload,
+)
 from pyramid_gguf.native.buffers import (
     REPACK,
     Placement,
@@ -201,12 +208,23 @@ def test_greedy_target_equals_llama_cpp_python_with_the_same_buffers(
     ref.close()
 
 
-def test_the_benchmark_peer_is_placed_as_ours(tiny_target: Path) -> None:
+def test_the_benchmark_peer_is_placed_as_ours(
+    tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``native.peer_llama``: llama-cpp-python's own ``Llama`` with our placement of the
     weights (on an AMX CPU, CPU_REPACK by overrides instead of the AMX buffer, whose batched
     decodes crash), so the JSON benchmark's peer runs everywhere: a batched prompt decodes and
-    its greedy text is ours."""
+    its greedy text is ours. Its decodes run on the compute thread, as ours do."""
     from pyramid_gguf.native import peer_llama
+
+    threads: list[threading.Thread] = []
+    native_decode = llama_cpp.llama_cpp.llama_decode  # what llama-cpp-python's Llama calls
+
+    def decode(*args: object) -> int:
+        threads.append(threading.current_thread())
+        return int(native_decode(*args))
+
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_decode", decode)
 
     load = LoadConfig(n_ctx=256, n_threads=1, n_threads_batch=1, n_gpu_layers=0)
     llm = peer_llama(
@@ -220,6 +238,7 @@ def test_the_benchmark_peer_is_placed_as_ours(tiny_target: Path) -> None:
         want.append(token)
         if len(want) == 6:
             break
+    assert threads and set(threads) == {compute.compute_thread()}
     greedy = SamplingConfig(temperature=0, max_tokens=6, ignore_eos=True)
     with Pyramid.from_paths(tiny_target, load=replace(load, flash_attn=False)) as p:
         got = p.generate("the model of the", greedy, SpecConfig(mode="target"))

@@ -334,6 +334,34 @@ def test_completion_answers_in_llama_servers_fields(live: Live) -> None:
     assert ids["content"] == out["content"] and ids["tokens_evaluated"] == n_prompt
 
 
+def test_response_fields_keep_only_those_paths_of_the_body(live: Live) -> None:
+    """``response_fields`` as llama-server: the listed paths, flat, nested ones by ``/``; a
+    path that reaches nothing is left out; the streamed last chunk too."""
+    whole = complete(live, n_predict=3)
+    fields = ["content", "generation_settings/n_predict", "prompt", "timings/no_such", "nope"]
+    out = complete(live, n_predict=3, response_fields=fields)
+    assert out == {
+        "content": whole["content"],
+        "generation_settings/n_predict": 3,
+        "prompt": whole["prompt"],
+    }
+    last = chunks(live, n_predict=3, response_fields=["stop", "timings/predicted_n"])[-1]
+    assert last == {"stop": True, "timings/predicted_n": 3}
+
+
+def test_verbose_chat_answers_carry_the_rendered_prompt(live: Live) -> None:
+    """llama-server's ``verbose: true``: the whole answer carries ``__verbose`` with the prompt
+    as the template rendered it and the raw text; without it, nothing."""
+    for path in ("/chat/completions", "/v1/chat/completions"):
+        body = {"messages": MESSAGES, "max_tokens": 3, "temperature": 0}
+        plain = post(live, path, body).json()
+        assert "__verbose" not in plain
+        out = post(live, path, {**body, "verbose": True}).json()
+        prompt = out["__verbose"]["prompt"]
+        assert "What is today?" in prompt and prompt != "What is today?"  # the template's
+        assert out["__verbose"]["content"] == out["choices"][0]["message"]["content"]
+
+
 def test_completion_streams_as_llama_server(live: Live) -> None:
     whole = complete(live, n_predict=8)
     events = chunks(live, n_predict=8)
@@ -592,6 +620,26 @@ def test_the_suites_shim_maps_llama_servers_flags_or_refuses_them(tmp_path: Path
         shim.translate(["--hf-repo", "someone/unknown-model"])
 
 
+def test_the_suites_shim_serves_the_router_preset_with_its_stand_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-server's router preset (no model; its tests ask CORS) gets the stand-in model;
+    the router's own flags stay refused."""
+    shim = _shim()
+    monkeypatch.setenv("PYRAMID_GGUF_HOME", str(tmp_path))
+    router = ["--port", "8080", "--cors-origins", "localhost", "--ctx-size", "1024"]
+    with pytest.raises(shim.Refused, match="stand-in model"):  # not pulled yet
+        shim.translate(router)
+    stand_in = tmp_path / "models" / shim.ROUTER_STAND_IN
+    stand_in.parent.mkdir()
+    stand_in.write_bytes(b"GGUF")
+    args = shim.translate(router)
+    assert args[:2] == ["--target", str(stand_in)]
+    assert args[args.index("--cors-origins") + 1] == "localhost"
+    with pytest.raises(shim.Refused, match="router"):
+        shim.translate([*router, "--models-dir", str(tmp_path)])
+
+
 def test_completion_takes_llama_servers_prompt_forms(live: Live) -> None:
     """Several prompts answer as a list, in order; text, ids, both mixed and a
     ``prompt_string`` object are the same prompt."""
@@ -631,10 +679,16 @@ def test_native_timings_are_numbers_and_the_speculation_stands_beside(live: Live
         timings = out["timings"]
         assert all(isinstance(v, int | float) and v >= 0 for v in timings.values()), timings
         assert timings["predicted_n"] == 4
+        # llama-server's rates count the decode steps: the first token is the prompt's
         assert timings["predicted_per_token_ms"] == pytest.approx(
-            timings["predicted_ms"] / 4, abs=1e-3
+            timings["predicted_ms"] / 3, abs=1e-3
         )
+        assert timings["predicted_per_second"] == 1e3 / timings["predicted_ms"] * 3
+        assert timings["prompt_per_second"] == 1e3 / timings["prompt_ms"] * timings["prompt_n"]
         assert out["speculative"]["mode"] == "sd" and out["speculative"]["stages"]
+    one = complete(live, n_predict=1)["timings"]
+    assert one["predicted_n"] == 1
+    assert one["predicted_per_second"] == one["predicted_per_token_ms"] == 0.0
 
 
 # --- /metrics and /slots as llama-server serves them --------------------------------------------
@@ -673,6 +727,20 @@ def test_metrics_carry_llama_servers_names_and_start_time(live: Live) -> None:
     assert after["llamacpp:predicted_tokens_seconds"][0] == "gauge"
     assert after["llamacpp:predicted_tokens_seconds"][1] > 0
     assert after["llamacpp:requests_processing"] == ("gauge", 0.0)
+    # llama-server's speculative counters: what the target verified (this server runs sd)
+    stages = [
+        s for a in answers for s in a["speculative"]["stages"] if s["name"].endswith("->target")
+    ]
+    assert stages and grew("llamacpp:spec_decode_num_drafts_total") == sum(
+        s["verifications"] for s in stages
+    )
+    assert grew("llamacpp:spec_decode_num_draft_tokens_total") == sum(s["draft_n"] for s in stages)
+    assert grew("llamacpp:spec_decode_num_accepted_tokens_total") == sum(
+        s["draft_n_accepted"] for s in stages
+    )
+    longest = max(t["prompt_n"] + t["cache_n"] + t["predicted_n"] for t in timings)
+    assert after["llamacpp:n_tokens_max"][0] == "counter"
+    assert after["llamacpp:n_tokens_max"][1] >= longest
 
 
 def test_metrics_and_slots_can_be_turned_off_as_llama_server(tiny_target: Path) -> None:

@@ -127,3 +127,59 @@ def test_lookahead_is_the_marginal_rule_on_a_straight_curve() -> None:
     assert limits == pytest.approx((0.01,) * 64)
     falling = CostCurve(tuple(0.30 + 0.12 * (n - 1) for n in range(1, 32)) + (0.48,) * 34)
     assert lookahead(falling, 0.9, 64)[0] < 0.12 / 3
+
+
+def test_lookahead_charges_the_drafts_own_steps() -> None:
+    """Each drafted token also costs the draft's step that shows it the next one: on a
+    straight curve every token must pay its share of the verification and that step."""
+    straight = CostCurve(tuple(0.03 + 0.01 * n for n in range(1, 66)))
+    assert lookahead(straight, 0.9, 64, 0.005) == pytest.approx((0.015,) * 64)
+    assert lookahead(straight, 0.9, 64, 0.0) == lookahead(straight, 0.9, 64)
+
+
+def _confident_trace(rate: float, *, sure: float, unsure: float, seed: int) -> Trace:
+    """A draft agreeing with the target's answer of :data:`N` distinct tokens at ``rate``,
+    independently per position, whose top probability is ``sure`` where it agrees and
+    ``unsure`` where not: a draft whose confidence says when to stop."""
+    rng = np.random.default_rng(seed)
+    answer = tuple(range(1000, 1000 + N))
+    hits = rng.random(N) < rate
+    fresh = iter(range(10**6, 10**7))
+    argmax = tuple(a if hit else next(fresh) for a, hit in zip(answer, hits, strict=True))
+    tops = tuple(sure if hit else unsure for hit in hits)
+    draft = TierTrace(argmax, tops, (0.5,) * N)
+    return Trace("k", "s", tuple(range(1, 11)), answer, {"draft": draft})
+
+
+def _best_p_min(trace: Trace, costs: dict[str, CostCurve], blocks: tuple[int, ...]) -> float:
+    """llama.cpp's rule in our runner: a fixed block stopped by p-min 0.75, the best block."""
+    return max(
+        replay_trace(trace, costs, SpecConfig(mode="sd", l_d=k, p_min=0.75)).tps for k in blocks
+    )
+
+
+def test_a_lone_draft_pays_for_its_own_steps() -> None:
+    """Where verification is nearly free and the draft's steps are not, a lone draft stops at
+    the token its confidence doubts (the look-ahead charges each token the draft's next step):
+    ``auto`` within 10% of the best fixed block stopped by llama.cpp's p-min (it drafted on
+    through doubtful tokens at 0.77x)."""
+    costs = {"target": CostCurve.shaped(0.10, 0.001), "draft": CostCurve.shaped(0.03, 0.001)}
+    trace = _confident_trace(0.9, sure=0.9, unsure=0.6, seed=1)
+    auto = replay_trace(trace, costs, SpecConfig(mode="auto"))
+    assert auto.tps >= 0.9 * _best_p_min(trace, costs, (4, 8, 16))
+
+
+def test_a_lone_draft_that_stops_is_booked_as_it_ran() -> None:
+    """A split target's curve: steep to 8 tokens, flat after. ``auto`` chooses its lone draft
+    at a long block and the draft stops where its confidence falls, often at once; the ledger
+    books the round it ran (a probe and one token), not the long block it was chosen for, so
+    the savings do not run dry and plain decoding does not take over where the draft pays
+    (booked at the chosen block: 0.69x the best fixed block stopped by p-min, 700 of 973
+    rounds plain)."""
+    steep = tuple(0.25 + 0.09 * (n - 1) for n in range(1, 9))
+    target = CostCurve(steep + tuple(0.88 + 0.0005 * (n - 8) for n in range(9, 66)))
+    costs = {"target": target, "draft": CostCurve.shaped(0.016, 0.001)}
+    trace = _confident_trace(0.75, sure=0.95, unsure=0.45, seed=1)
+    auto = replay_trace(trace, costs, SpecConfig(mode="auto"))
+    assert auto.tps >= 0.9 * _best_p_min(trace, costs, (8, 16, 31))
+    assert auto.auto.choices["target"].rounds < auto.auto.choices["draft"].rounds

@@ -7,7 +7,8 @@
   for every lossless mode; sampled ones follow the target's distribution (chi-square); their
   model calls really share batches.
 - Slots: a long prompt joins in chunks while others decode; a prompt goes to the slot whose
-  cache it continues (a new conversation to an empty slot); a request cancelled while waiting
+  cache it continues (a new conversation to an empty slot, which takes the prefix another
+  slot's cache holds, in every tier, without evaluating it); a request cancelled while waiting
   for a slot leaves at once; calibration waits for every slot to be free.
 - Pricing: ``auto`` in a batch prices a slot's tokens at the margin of the combined batch and
   turns speculation off where the batch already uses what a block would (a CPU beside three
@@ -50,7 +51,7 @@ from pyramid_gguf.decoding.runtime import batcher as batcher_module
 from pyramid_gguf.decoding.runtime.batcher import Load
 from pyramid_gguf.decoding.runtime.engine import decode, make_scheduler
 from pyramid_gguf.decoding.runtime.sampling import Sampler
-from pyramid_gguf.decoding.runtime.slots import Slot, choose
+from pyramid_gguf.decoding.runtime.slots import Job, Slot, choose
 from pyramid_gguf.decoding.runtime.stats import GenerationStats
 from pyramid_gguf.native import NativeModel, Part
 
@@ -308,6 +309,73 @@ def test_slot_choice_keeps_conversations() -> None:
     # no cache to continue: the one that throws away least for what it reuses, then LRU
     full = _slots([5, 6, 7], [*system, 4], [*system, 4])
     assert choose(full, [*system, 9]).seq == 1
+
+
+def test_with_shared_prefixes_a_full_pool_sends_a_prompt_to_its_own_conversation() -> None:
+    system = list(range(100, 124))
+    mine = [*system, 1, 2, 3, *range(500, 600)]  # this conversation, its answer regenerated
+    full = _slots([*system, 4], mine)
+    # without sharing, its own slot would throw away the long answer: the other one
+    assert choose(full, [*system, 1, 2, 3]).seq == 0
+    # with sharing, the system prompt costs nothing anywhere: its own slot, whose tail it cuts
+    assert choose(full, [*system, 1, 2, 3], sharing=True).seq == 1
+    # equal prefixes: the one that throws away least, then the least recently used
+    assert choose(_slots([*system, 4, 5], [*system, 6]), [*system, 9], sharing=True).seq == 1
+    assert choose(_slots([*system, 4], [*system, 6]), [*system, 9], sharing=True).seq == 0
+
+
+SYSTEM = [1, *range(5, 35)]  # a chat template's system prompt, 31 tokens
+
+
+@pytest.mark.parametrize("mode", ["target", "sd"])
+def test_a_new_prompt_takes_the_prefix_another_slot_holds(
+    ladder: Callable[..., Pyramid], mode: str
+) -> None:
+    """A new conversation that starts like another slot's cache goes to an empty slot and
+    evaluates only what follows the shared prefix; the other slot keeps its cache, and the
+    answer is the one a pool that never saw the first prompt gives."""
+    a, b = [*SYSTEM, 40, 41], [*SYSTEM, 50, 51, 52]
+    with ladder(mode) as p:
+        p.generate(a, GREEDY)  # its answer is longer than the system prompt: not cut
+        first = next(s for s in p.slots.slots if s.served)
+        held = list(first.held())
+        got = p.generate(b, GREEDY)
+        assert first.served == 1 and first.held() == held  # a's conversation kept
+        assert got.stats.prompt_evaluated == len(b) - len(SYSTEM)
+        assert p.snapshot().shared_tokens == len(SYSTEM)
+    with ladder(mode) as fresh:
+        alone = fresh.generate(b, GREEDY)
+        assert alone.stats.prompt_evaluated == len(b) and fresh.snapshot().shared_tokens == 0
+        assert_same_or_near_tie(fresh, b, got.token_ids, alone.token_ids, TINY_TIE)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_every_tier_of_a_slot_takes_the_prefix_a_busy_slot_holds(
+    ladder: Callable[..., Pyramid], strict: bool
+) -> None:
+    """While another slot is decoding, a slot taken for a prompt that starts like that slot's
+    cache holds that prefix in every tier before it evaluates anything; not under
+    ``--strict-identity`` (a stream per sequence, and prompts evaluated afresh)."""
+    with ladder("psd-exact", strict=strict) as p:
+        release, started = threading.Event(), threading.Event()
+
+        def slow_reader(item: object) -> None:  # holds its slot until released
+            started.set()
+            release.wait(10)
+
+        busy = p.submit([*SYSTEM, 40, 41], GREEDY.with_(max_tokens=8), deliver=slow_reader)
+        try:
+            assert started.wait(10)
+            donor = next(s for s in p.slots.slots if s.busy)
+            assert all(m.model.tokens[: len(SYSTEM)] == SYSTEM for m in donor.ladder.models)
+            with p.slots.take(Job([*SYSTEM, 50, 51], lambda job: False)) as slot:
+                assert slot is not None and slot is not donor
+                want = [] if strict else SYSTEM
+                assert [m.model.tokens for m in slot.ladder.models] == [want] * 3
+        finally:
+            release.set()
+            assert busy.wait(10)
+        assert p.generate([*SYSTEM, 50, 51], GREEDY.with_(max_tokens=4)).token_ids
 
 
 def _drain(steps: SimpleQueue[object]) -> list[object]:

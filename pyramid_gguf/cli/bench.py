@@ -22,6 +22,7 @@ from ..core.errors import UserError
 from ..core.files import check_output, write_text
 from ..core.ladder import TIERS
 from ..core.spec import SpecConfig
+from ..runtime.loading import rollback_depth
 from .ladders import load_pyramid, resolve_ladder
 from .options import (
     LadderArgs,
@@ -238,7 +239,9 @@ def bench(**params: Any) -> None:
     quality = params["quality"]
     if quality is None:
         quality = any(not c.spec.lossless for c in configs)
-    with load_pyramid(args, resolved, SpecConfig(mode="target"), calibrate=auto) as pyramid:
+    # loaded for the config that rolls back furthest (a hybrid's snapshots cover every mode)
+    deepest = max((c.spec for c in configs), key=rollback_depth, default=SpecConfig(mode="target"))
+    with load_pyramid(args, resolved, deepest, calibrate=auto) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
         with bar:

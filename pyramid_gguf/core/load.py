@@ -135,7 +135,10 @@ class LoadConfig:
     #: Recurrent-state snapshots llama.cpp keeps per sequence (``n_rs_seq``): a hybrid or
     #: recurrent cache of an architecture llama.cpp allows (qwen35, nemotron_h...) then drops up
     #: to this many tokens of its last evaluation natively (native/rollback.py); others ignore
-    #: it. Each costs one recurrent state per sequence (planning/memory.py counts them).
+    #: it. Each costs one recurrent state per sequence (planning/memory.py counts them) and a
+    #: state copy per block at every evaluation, so :meth:`Pyramid.load` keeps at most this
+    #: many, and only what the mode it loads for can drop (``runtime.loading.rollback_depth``:
+    #: none for plain decoding).
     n_rs_seq: int = 16
     #: Load the GGUF's NextN (MTP) layers beside the trunk (``llama_model_params.load_mtp``),
     #: so the model's own MTP head can draft for it (native/mtp.py).

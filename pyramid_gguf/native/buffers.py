@@ -23,7 +23,8 @@ rows a multiple of 8).
 - :func:`moe_patterns`: the overrides of llama.cpp's ``--n-cpu-moe N`` / ``--cpu-moe`` (routed
   experts in CPU memory), and :func:`experts_on_cpu`, the tensors of a file they match.
 - :func:`parse_buffer_sizes`: MiB per buffer type from llama.cpp's load log.
-- :func:`peer_llama`: llama-cpp-python's own ``Llama`` (a benchmark's peer), placed the same way.
+- :func:`peer_llama`: llama-cpp-python's own ``Llama`` (a benchmark's peer), placed the same way
+  and decoding on the process's compute thread (:mod:`.compute`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from llama_cpp._ctypes_extensions import load_shared_library
 from ..core.errors import ModelFileError, UserError
 from ..core.gguf_header import TensorInfo, read_header
 from ..core.load import LoadConfig
+from . import compute
 from .backend import Override, init_backend, supports_gpu_offload
 
 #: Weights llama.cpp multiplies with ``GGML_OP_MUL_MAT`` (``LLM_TENSOR_INFOS`` in
@@ -439,7 +441,9 @@ def peer_llama(path: Path, cfg: LoadConfig, **kwargs: Any) -> llama_cpp.Llama:
     """llama-cpp-python's own ``Llama`` on ``path`` (a benchmark's peer), its weights placed as
     :func:`plan_placement` places ours: on a build with the AMX kernels, whose batched decodes
     crash (llama.cpp #20824), the AMX-safe ``repack`` placement instead of llama.cpp's default,
-    so a comparison runs the same kernels on both sides and does not die with SIGILL.
+    so a comparison runs the same kernels on both sides and does not die with SIGILL. Its
+    graphs run on the process's compute thread, as ours do (:mod:`.compute`: a second thread
+    that decodes would make every graph of both sleep at its barriers).
     ``kwargs`` go to ``Llama`` (``n_ctx``, ``n_threads``, ``flash_attn``...)."""
     from .rpc import remote_devices
 
@@ -462,4 +466,7 @@ def peer_llama(path: Path, cfg: LoadConfig, **kwargs: Any) -> llama_cpp.Llama:
         finally:
             module.llama_model_default_params = default_params
     setattr(llm, "_pyramid_placement", (placement, keep))  # noqa: B010 (alive as long as it)
+    ctx = llm._ctx  # every graph of a Llama runs in its context's decode or encode
+    for name in ("decode", "encode"):
+        setattr(ctx, name, functools.partial(compute.run, getattr(ctx, name)))
     return llm

@@ -68,6 +68,12 @@ class Totals:
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generation_seconds: float = 0.0
+    #: The longest sequence seen (prompt and generated tokens of one request).
+    n_tokens_max: int = 0
+    #: What the target verified (stages ``...->target``): tokens proposed, kept, and rounds.
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    drafts: int = 0
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -87,6 +93,12 @@ class Totals:
             self.prompt_seconds += stats.prompt_seconds
             self.generated_tokens += stats.generated_tokens
             self.generation_seconds += stats.generation_seconds
+            self.n_tokens_max = max(self.n_tokens_max, stats.prompt_tokens + stats.generated_tokens)
+            for stage in stats.stages:
+                if stage.name.endswith("->target"):
+                    self.draft_tokens += stage.draft_n
+                    self.draft_accepted += stage.draft_n_accepted
+                    self.drafts += stage.verifications
 
     def tokens_per_second(self) -> float:
         """Tokens emitted per second by all generations over the last :data:`RATE_WINDOW`."""

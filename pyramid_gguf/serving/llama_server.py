@@ -40,7 +40,7 @@ from ..core.spec import SpecConfig
 from .errors import ApiError
 from .http_errors import LLAMA, router
 from .jobs import Deliver, Reader
-from .openai import timings
+from .openai import decode_steps, timings
 from .openai_routes import register
 from .schemas import ChatCompletionRequest, ChatMessage, GenerationRequest
 from .service import Service, Submit, service_of, sse, stream
@@ -121,11 +121,14 @@ class NativeCompletionRequest(GenerationRequest):
     and changes nothing (a slot whose cache the prompt continues is always reused). The
     sampling fields, ``stop``, ``ignore_eos``, ``json_schema`` and ``grammar`` are
     :class:`~.schemas.GenerationRequest`'s; ``n_probs``: the target's log-probability of each
-    token with that many alternatives, as ``completion_probabilities``; the sampler fields we do
-    not run are refused unless neutral (:data:`~.schemas.UNSUPPORTED`)."""
+    token with that many alternatives, as ``completion_probabilities``; ``response_fields``:
+    only these fields of the last body, a path like ``generation_settings/n_predict`` reaching
+    into an object (:func:`nested_values`); the sampler fields we do not run are refused unless
+    neutral (:data:`~.schemas.UNSUPPORTED`)."""
 
     prompt: list[list[str | int]]
     return_tokens: bool = False
+    response_fields: list[str] = Field(default_factory=list)
     cache_prompt: bool = True
     n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -302,6 +305,7 @@ async def completion(request: Request, body: NativeCompletionRequest) -> HTTPRes
             n_ctx=service.n_ctx,
             return_tokens=body.return_tokens,
             index=index,
+            fields=tuple(body.response_fields),
         )
 
     return await service.answer_all(
@@ -400,6 +404,8 @@ class NativeShape:
     return_tokens: bool = False
     #: The prompt's place among a request's prompts.
     index: int = 0
+    #: ``response_fields``: the paths the last body keeps (all of it when empty).
+    fields: tuple[str, ...] = ()
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     #: The tokens' log-probabilities (``n_probs``), in ``completion_probabilities``' shape.
@@ -465,7 +471,7 @@ class NativeShape:
         }
         if self.probs and not stream:  # streamed: each chunk carried its tokens'
             body["completion_probabilities"] = self.probs
-        return body
+        return nested_values(self.fields, body) if self.fields else body
 
     def stop_of(self, reason: str | None, content: str, stats: GenerationStats) -> tuple[str, str]:
         """llama-server's ``stop_type`` and ``stopping_word``. A stop string that ended the
@@ -487,15 +493,33 @@ class NativeShape:
         return "eos", ""
 
 
+def nested_values(paths: Sequence[str], body: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``response_fields``: ``{path: value}`` for each path (keys joined by
+    ``/``) that reaches a value through ``body``'s objects; the others are left out."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        value: Any = body
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
+
+
 def native_timings(stats: GenerationStats) -> dict[str, Any]:
     """``timings`` as llama-server's native answer has them, every value a number (with its
-    ``prompt_per_token_ms`` and ``predicted_per_token_ms``), and ours that are not numbers
-    (``mode``, per-stage ``stages``) beside them under ``speculative``."""
+    ``prompt_per_token_ms`` and ``predicted_per_token_ms``, per decode step as its rate), and
+    ours that are not numbers (``mode``, per-stage ``stages``) beside them under
+    ``speculative``."""
     numbers = timings(stats)
     speculative = {"mode": numbers.pop("mode"), "stages": numbers.pop("stages")}
     per_token = {
         "prompt_per_token_ms": _per(numbers["prompt_ms"], numbers["prompt_n"]),
-        "predicted_per_token_ms": _per(numbers["predicted_ms"], numbers["predicted_n"]),
+        "predicted_per_token_ms": _per(
+            numbers["predicted_ms"], decode_steps(numbers["predicted_n"])
+        ),
     }
     return {"timings": numbers | per_token, "speculative": speculative}
 

@@ -32,6 +32,10 @@ LLAMA_CPP = frozenset(
         "n_busy_slots_per_decode",
         "requests_processing",
         "requests_deferred",
+        "n_tokens_max",
+        "spec_decode_num_draft_tokens_total",
+        "spec_decode_num_accepted_tokens_total",
+        "spec_decode_num_drafts_total",
     }
 )
 #: Prometheus's text exposition format.
@@ -83,6 +87,12 @@ def collect(
             "Prompt processing time (embedding included).",
             t.prompt_seconds + e.seconds,
         ),
+        _one(
+            "prompt_tokens_shared_total",
+            "counter",
+            "Prompt tokens a slot took from another slot's cache instead of evaluating them.",
+            now.shared_tokens,
+        ),
         _one("tokens_predicted_total", "counter", "Generated tokens.", t.generated_tokens),
         _one(
             "tokens_predicted_seconds_total",
@@ -97,6 +107,30 @@ def collect(
             c.batches + e.decodes,
         ),
         _one("embedding_tokens_total", "counter", "Tokens of embedded inputs.", e.tokens),
+        _one(
+            "n_tokens_max",
+            "counter",
+            "Largest observed sequence length (prompt + generation).",
+            t.n_tokens_max,
+        ),
+        _one(
+            "spec_decode_num_draft_tokens_total",
+            "counter",
+            "Speculative: draft tokens the target verified.",
+            t.draft_tokens,
+        ),
+        _one(
+            "spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Speculative: draft tokens accepted by the target.",
+            t.draft_accepted,
+        ),
+        _one(
+            "spec_decode_num_drafts_total",
+            "counter",
+            "Speculative: the target's verification steps.",
+            t.drafts,
+        ),
         _one(
             "n_busy_slots_per_decode",
             "gauge",

@@ -65,16 +65,21 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
 
     As in llama-server, ``prompt_n`` counts the prompt tokens evaluated for this request and
     ``cache_n`` those reused from the cache, so ``prompt_per_second`` is ``prompt_n`` over
-    ``prompt_ms`` (``usage.prompt_tokens`` is their sum).
+    ``prompt_ms`` (``usage.prompt_tokens`` is their sum); ``predicted_per_second`` counts the
+    ``predicted_n - 1`` tokens after the first, which comes from the prompt's logits at no
+    decode step (``predicted_ms`` starts after it). Both rates are of the ms shown, unrounded,
+    so a client dividing the fields gets them exactly.
     """
+    prompt_ms = round(stats.prompt_seconds * 1000, 2)
+    predicted_ms = round(stats.generation_seconds * 1000, 2)
     return {
         "cache_n": stats.prompt_tokens - stats.prompt_evaluated,
         "prompt_n": stats.prompt_evaluated,
-        "prompt_ms": round(stats.prompt_seconds * 1000, 2),
-        "prompt_per_second": round(stats.prompt_tps, 2),
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": rate(stats.prompt_evaluated, prompt_ms),
         "predicted_n": stats.generated_tokens,
-        "predicted_ms": round(stats.generation_seconds * 1000, 2),
-        "predicted_per_second": round(stats.generation_tps, 2),
+        "predicted_ms": predicted_ms,
+        "predicted_per_second": rate(decode_steps(stats.generated_tokens), predicted_ms),
         "draft_n": sum(s.draft_n for s in stats.stages),
         "draft_n_accepted": sum(s.draft_n_accepted for s in stats.stages),
         "forced_n": stats.forced_n,
@@ -82,6 +87,17 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
         "mode": stats.mode,
         "stages": [s.to_dict() for s in stats.stages],
     }
+
+
+def decode_steps(generated: int) -> int:
+    """The generated tokens that cost a decode step: all but the first (llama-server's
+    ``n_gen_steps``)."""
+    return max(generated - 1, 0)
+
+
+def rate(n: int, ms: float) -> float:
+    """``n`` tokens over ``ms`` milliseconds, per second (0.0 when no time was measured)."""
+    return 1e3 / ms * n if ms > 0 else 0.0
 
 
 def _text(piece: bytes) -> str:

@@ -79,11 +79,13 @@ async def _events(
 class Choice:
     """One choice's answer in OpenAI's shape (a :class:`~.service.Shape`): ``shape`` builds its
     bodies, ``calls`` reads content and tool calls out of its text (None: no tools), ``llama``
-    answers a late error in llama-server's shape."""
+    answers a late error in llama-server's shape, ``verbose`` (``verbose: true``) is added to
+    the whole body as ``__verbose``, with the raw text as its ``content``."""
 
     shape: ResponseShape
     calls: CallStream | None = None
     llama: bool = False
+    verbose: dict[str, Any] | None = None
 
     def events(self, reader: Reader, first: Response) -> AsyncIterator[str]:
         """The SSE body, then ``[DONE]``; an error after the headers went out is an ``error``
@@ -102,7 +104,10 @@ class Choice:
         logprobs = [lp for s in steps for lp in s.logprobs]
         last = steps[-1]
         message = self.calls.parse(text) if self.calls is not None else None
-        return self.shape.full(text, last.finish_reason, last.stats, logprobs, message)
+        body = self.shape.full(text, last.finish_reason, last.stats, logprobs, message)
+        if self.verbose is not None:
+            body["__verbose"] = self.verbose | {"content": text}
+        return body
 
 
 def routes() -> APIRouter:
@@ -139,10 +144,11 @@ async def _answer(
     shape: ResponseShape,
     submit: ChoiceSubmit,
     reader_of: Callable[[], CallStream | None] = lambda: None,
+    verbose: dict[str, Any] | None = None,
 ) -> HTTPResponse:
     """``body.n`` choices (each its own generation, its own call reader), one answer."""
     llama = dialect_of(request.scope) is LLAMA
-    shapes = [Choice(s, reader_of(), llama) for s in choices.shapes(shape, body.n)]
+    shapes = [Choice(s, reader_of(), llama, verbose) for s in choices.shapes(shape, body.n)]
     submits = [_choice(submit, i) for i in range(body.n)]
     return await service_of(request).answer_all(
         request, submits, shapes, body.stream, merge=choices.merged, join=choices.joined
@@ -220,7 +226,11 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTT
         include_usage=body.include_usage,
         logprobs=top is not None,
     )
-    return await _answer(request, body, shape, submit, chat.reader)
+    verbose = None
+    if body.verbose:
+        rendered = b"".join(pyramid.vocab.token_bytes(t, special=True) for t in chat.tokens)
+        verbose = {"prompt": rendered.decode("utf-8", errors="replace")}
+    return await _answer(request, body, shape, submit, chat.reader, verbose)
 
 
 def _choice(submit: ChoiceSubmit, index: int) -> Submit:

@@ -324,6 +324,9 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs_: int | None = Field(None, alias="top_logprobs", ge=0, le=MAX_TOP_LOGPROBS)
     #: Variables for the chat template (llama-server's, e.g. ``{"enable_thinking": false}``).
     chat_template_kwargs: dict[str, Any] | None = None
+    #: llama-server's: a whole answer also carries ``__verbose``, the prompt as the template
+    #: rendered it and the answer's raw text.
+    verbose: bool = False
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or super().token_limit()

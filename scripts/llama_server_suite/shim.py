@@ -14,7 +14,9 @@ Flags are handled in four ways (:data:`VALUED`, :data:`SWITCHES`):
   model of ours (:data:`SUBSTITUTES`, under ``$PYRAMID_GGUF_HOME/models`` or
   ``~/.cache/pyramid-gguf/models``); the embedding model bge-small by a tiny BERT written once
   by :mod:`tiny_bert` (:data:`EMBEDDERS`); a model we have no stand-in for (rerankers, vision)
-  ends the shim;
+  ends the shim; llama-server's router preset (no model at all) gets the stand-in too, as
+  the tests starting it only ask what any server answers (CORS; the router's own flags are
+  refused);
 - ``--embedding``: llama-server then embeds with its model; serve loads it as
   ``--embedding-model`` (with ``--pooling``; inputs up to the micro-batch, ``--ubatch-size``, as
   llama-server takes an encoder's input whole) beside the generation target it always needs:
@@ -55,6 +57,8 @@ SUBSTITUTES: dict[str, str] = {
 EMBEDDERS: dict[str, str] = {
     "ggml-org/models/bert-bge-small/ggml-model-f16.gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
 }
+#: The model serving for llama-server's router preset (started without a model).
+ROUTER_STAND_IN = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The tiny BERT's file, in the suite's folder (:func:`suite_dir`).
 TINY_BERT = "tiny-bert.gguf"
 #: llama-server's micro-batch unless told (``--ubatch-size``), and serve's smallest context.
@@ -135,6 +139,10 @@ WHY: dict[str, str] = {
     "--reranking": "no reranking on this server",
     "--lora": "LoRA adapters are not supported",
     "--slot-save-path": "saving and restoring slots is not supported",
+    **dict.fromkeys(
+        ("--models-dir", "--models-max", "--models-preset", "--no-models-autoload"),
+        "the router mode (several models, loaded on demand) is not supported",
+    ),
 }
 
 
@@ -276,9 +284,9 @@ def translate(argv: Sequence[str]) -> list[str]:
     elif model is None and hf_repo is not None:
         model = embedder = str(substitute(hf_repo, hf_file))
     if model is None:
-        raise Refused(
-            "no model: the router mode (several models, loaded on demand) is not supported"
-        )
+        # llama-server's router preset (no model): serve always has one, so the stand-in
+        # serves; the tests starting it ask only what any server answers (CORS)
+        model = str(local_model(ROUTER_STAND_IN))
     out = ["--target", model, "--parallel", str(slots), *out]
     if embedding:  # without it --pooling changes nothing llama-server answers
         size = embedding_ctx(ctx if unified or not ctx else ctx // slots, batch, ubatch)

@@ -303,26 +303,46 @@ def price_draft(
     batch: policy.Batch = policy.SOLO,
 ) -> policy.Pick:
     """Model ``name`` drafting ``k`` tokens one by one for the target (``sd``), after
-    ``forced`` tokens of a grammar (the model reads them with its first draft step).
+    ``forced`` tokens of a grammar (the model reads them with its first draft step); each
+    block's seconds are :func:`draft_seconds`."""
+    ks = range(1, max_k + 1)
+    tokens = [forced + policy.expected_tokens(keep, keep, k) for k in ks]
+    seconds = [draft_seconds(target, model, keep, k, lag, overhead, forced) for k in ks]
+    return policy.best_block(name, tokens, seconds, budget=budget, batch=batch)
+
+
+def draft_seconds(
+    target: CostCurve,
+    model: CostCurve,
+    keep: float,
+    k: int,
+    lag: int = 0,
+    overhead: float = 0.0,
+    forced: int = 0,
+    stopped: bool = False,
+) -> float:
+    """What a round of a model drafting ``k`` tokens for the target costs (:func:`price_draft`
+    prices every ``k``; ``auto``'s ledger books the ``k`` a round really proposed).
 
     The model never evaluates the last token it drafts: when the target keeps the whole block,
     the next round's first step reads it beside the target's bonus token (two tokens, not
-    one), with probability ``keep ** k``."""
+    one), with probability ``keep ** k``. ``stopped``: the draft stopped before its cap because
+    its next token was not worth proposing (``auto``'s lone draft, :func:`~.policy.lookahead`):
+    the evaluation that found that token was paid too (``k = 0``: the draft's one evaluation,
+    and the target's of one token). Its catching up on ``lag`` committed tokens is spread over
+    :data:`CATCH_UP_ROUNDS` rounds."""
     catch_up = model(lag) / CATCH_UP_ROUNDS + (model(forced + 1) - model(1) if forced else 0.0)
     one, second = model(1), model(2) - model(1)
-    ks = range(1, max_k + 1)
-    tokens = [forced + policy.expected_tokens(keep, keep, k) for k in ks]
-    seconds = [
-        k * one
-        + keep**k * second
+    reread = keep**k * second if k > 0 else 0.0
+    return (
+        (k + (1 if stopped or k == 0 else 0)) * one
+        + reread
         + catch_up
         + target(k + forced + 1)
         + overhead
         + expected_drop(target, keep, keep, k)
         + expected_drop(model, keep, keep, k, unseen=1)
-        for k in ks
-    ]
-    return policy.best_block(name, tokens, seconds, budget=budget, batch=batch)
+    )
 
 
 @dataclass(frozen=True)

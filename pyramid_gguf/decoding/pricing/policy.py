@@ -234,14 +234,18 @@ def best_block(
 
 
 @functools.lru_cache(maxsize=256)
-def lookahead(cost: Callable[[int], float], keep: float, max_k: int) -> tuple[float, ...]:
+def lookahead(
+    cost: Callable[[int], float], keep: float, max_k: int, step: float = 0.0
+) -> tuple[float, ...]:
     """Seconds per expected token a lone draft's ``n``-th token must beat, ``[max_k]``
     (entry ``n - 1``): the least, over block lengths ``m >= n``, of what verifying ``m``
     drafted tokens costs beyond ``n - 1`` (``cost(m + 1) - cost(n)``, ``cost`` the target's
-    seconds for a batch) over the tokens the ``n``-th and the ``m - n`` after it add, each
-    kept at ``keep`` given the one before (the ``n``-th counted whole: the caller weighs it by
-    the chance it is reached and kept). With ``m = n`` alone this is the marginal rule.
-    Cached: the curve and the keep rate (to 0.01) change rarely."""
+    seconds for a batch) and drafting the ``m - n + 1`` tokens from the ``n``-th on (``step``
+    seconds each: the draft evaluates each token it proposes to see the next one), over the
+    tokens the ``n``-th and the ``m - n`` after it add, each kept at ``keep`` given the one
+    before (the ``n``-th counted whole: the caller weighs it by the chance it is reached and
+    kept). With ``m = n`` alone this is the marginal rule. Cached: the curve, the keep rate
+    (to 0.01) and the step change rarely."""
     c = [cost(i) for i in range(1, max_k + 2)]  # c[i - 1]: a batch of i
     out = []
     for n in range(1, max_k + 1):
@@ -249,7 +253,7 @@ def lookahead(cost: Callable[[int], float], keep: float, max_k: int) -> tuple[fl
         for m in range(n, max_k + 1):
             run += term
             term *= keep
-            best = min(best, (c[m] - c[n - 1]) / run)
+            best = min(best, (c[m] - c[n - 1] + (m - n + 1) * step) / run)
         out.append(best)
     return tuple(out)
 

@@ -37,13 +37,14 @@ every slot decodes plainly; a slot alone prices exactly as before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ...core.spec import SpecConfig
 from ..pricing import policy
-from ..pricing.chains import Chain, Keep, ladder_chains, price_plain
+from ..pricing.chains import Chain, Keep, draft_seconds, ladder_chains, price_plain
 from ..pricing.costs import CostCurve
 from ..pricing.estimates import ChainAcceptance
 from ..pricing.policy import Option, Pick
@@ -60,6 +61,18 @@ from .tiers import Ladder, common_prefix
 
 #: The cost curves and the rest of the batch one round is priced with.
 Priced = tuple[Mapping[str, CostCurve], policy.Batch]
+
+#: A model chain's bound and refusals are keyed by its name, keep rates, forced tokens and batch.
+BoundKey = tuple[str, tuple[Keep, ...], int, policy.Batch]
+
+#: A proven refusal (:meth:`AutoScheduler._prove_refusal`): the block limit, savings and lags
+#: it holds for, and whether an option worth choosing was refused then (the ``unfunded`` count).
+Refusal = tuple[int, float, dict[str, int], bool]
+
+#: A refusal is proven for this many rounds of :data:`~.policy.EXPLORE_SHARE` allowance ahead
+#: of the round that proves it, so that a chain nothing can fund is priced once every so
+#: many rounds instead of every round (:meth:`AutoScheduler._refused`).
+REFUSAL_ROUNDS = 16
 
 #: Python time per round outside llama.cpp, in seconds (warping, acceptance, bookkeeping).
 #: A constant, not a measurement, so that decisions (and with them a seeded run's samples)
@@ -142,7 +155,13 @@ class AutoScheduler:
         self.shadows: list[Shadow] = []
         #: Rounds run so far in this generation.
         self.rounds = 0
-        self._bounds: dict[tuple[str, tuple[Keep, ...], int, int, policy.Batch], Option | None] = {}
+        #: Each model chain's bound (:meth:`_bound`) and the block limit it was priced at.
+        self._bounds: dict[BoundKey, tuple[int, Option | None]] = {}
+        #: Refusals proven ahead (:meth:`_refused`): the block limit, the most savings and the
+        #: least lags under which a model chain has no option worth choosing.
+        self._refusals: dict[tuple[BoundKey, Option], Refusal] = {}
+        #: The round before which a refusal that failed to be proven is not tried again.
+        self._unproven: dict[tuple[BoundKey, Option], int] = {}
 
     # --- choosing --------------------------------------------------------------------------
 
@@ -182,18 +201,102 @@ class AutoScheduler:
             if bound is None or not budget.worth(bound):
                 out[chain.name] = Pick(best=bound)
                 continue
+            key = (chain.name, keeps, forced, batch)
             lags = {t.name: t.lag(committed) for t in self.runner.tiers(chain)[:-1]}
-            out[chain.name] = chain.price(
-                costs,
-                keeps,
-                max_k,
-                overhead=self.overhead,
-                lags=lags,
-                budget=explore,
-                forced=forced,
-                batch=batch,
-            )
+            refused = self._refused(chain, key, max_k, explore, lags, costs)
+            if refused is None:
+                refused = self._prove_refusal(chain, key, max_k, explore, lags, costs)
+            if refused is not None:  # nothing it could choose, now or for a while
+                out[chain.name] = Pick(best=bound, refused=refused)
+                continue
+            out[chain.name] = self._price(chain, costs, key, max_k, explore, lags)
         return out
+
+    def _price(
+        self,
+        chain: Chain,
+        costs: Mapping[str, CostCurve],
+        key: BoundKey,
+        max_k: int,
+        budget: policy.Budget,
+        lags: Mapping[str, int],
+    ) -> Pick:
+        """``chain`` priced at ``key``'s keep rates, forced tokens and batch, under ``budget``."""
+        _, keeps, forced, batch = key
+        return chain.price(
+            costs,
+            keeps,
+            max_k,
+            overhead=self.overhead,
+            lags=lags,
+            budget=budget,
+            forced=forced,
+            batch=batch,
+        )
+
+    @staticmethod
+    def _chosen(pick: Pick, budget: policy.Budget) -> bool:
+        """Whether ``pick`` has an allowed option :func:`~.policy.choose` could take over
+        plain decoding (``budget.base``)."""
+        return pick.allowed is not None and budget.worth(pick.allowed)
+
+    def _refused(
+        self,
+        chain: Chain,
+        key: BoundKey,
+        max_k: int,
+        budget: policy.Budget,
+        lags: Mapping[str, int],
+        costs: Mapping[str, CostCurve],
+    ) -> bool | None:
+        """Whether a refusal proven earlier (:meth:`_prove_refusal`) covers this round (None
+        if not; else whether an option worth choosing was refused when it was proven): the
+        same keep rates, forced tokens, batch and plain price, no longer blocks (a lone
+        draft's options at each block size do not depend on the limit; other chains' need the
+        same limit), no more savings than it was proven for and no tier's catching up cheaper
+        (its cost curve at the lag, and past the forced tokens: what the chains price)."""
+        proof = self._refusals.get((key, budget.base))
+        if proof is None:
+            return None
+        limit, savings, behind, refused = proof
+        blocks = max_k <= limit if len(chain.stages) == 1 else max_k == limit
+        if not blocks or budget.savings > savings:
+            return None
+        forced = key[2]
+        for tier, then in behind.items():
+            now, curve = lags.get(tier, 0), costs[tier]
+            if any(curve(now + f) < curve(then + f) for f in {0, forced}):
+                return None  # catching up is cheaper than when it was proven
+        return refused
+
+    def _prove_refusal(
+        self,
+        chain: Chain,
+        key: BoundKey,
+        max_k: int,
+        budget: policy.Budget,
+        lags: Mapping[str, int],
+        costs: Mapping[str, CostCurve],
+    ) -> bool | None:
+        """Price ``chain`` under :data:`REFUSAL_ROUNDS` rounds more of allowance than this
+        round's ``budget``. If even that allows nothing worth choosing, nothing will while the
+        savings stay below it and its tiers' catching up costs no less (a larger budget only
+        allows more; a catch-up only adds seconds), at these keep rates, batch and plain
+        price: :meth:`_refused` then skips pricing it. Exact: a skipped round (this one
+        included) chooses what pricing it would have. Returns what :meth:`_refused` would
+        (None: not proven). A proof that fails is tried again :data:`REFUSAL_ROUNDS` rounds
+        later at the soonest (meanwhile each round prices the chain as it is)."""
+        at = (key, budget.base)
+        if not math.isfinite(budget.savings) or self._unproven.get(at, -1) > self.rounds:
+            return None
+        savings = budget.savings + REFUSAL_ROUNDS * policy.EXPLORE_SHARE * budget.base.seconds
+        wider = policy.Budget(budget.base, savings)
+        pick = self._price(chain, costs, key, max_k, wider, lags)
+        if self._chosen(pick, wider):
+            self._unproven[at] = self.rounds + REFUSAL_ROUNDS
+            return None
+        self._refusals[at] = (max_k, savings, dict(lags), pick.refused)
+        return pick.refused
 
     def _keeps(self, chain: Chain) -> tuple[Keep, ...]:
         """The keep rate of each stage of a model chain at its upper confidence bound
@@ -208,13 +311,18 @@ class AutoScheduler:
         budget: the most it can promise until its keep rates change (which takes a round of
         it) or the batch does, cached."""
         costs, batch = priced
-        key = (chain.name, keeps, max_k, forced, batch)
-        if key not in self._bounds:
-            pick = chain.price(
-                costs, keeps, max_k, overhead=self.overhead, forced=forced, batch=batch
-            )
-            self._bounds[key] = pick.best
-        return self._bounds[key]
+        key = (chain.name, keeps, forced, batch)
+        cached = self._bounds.get(key)
+        if cached is not None:
+            limit, best = cached
+            # a lone draft's options at each block size do not depend on the limit: the best
+            # of a longer limit is the best of this one when its block fits (the first of equals)
+            reuse = len(chain.stages) == 1 and best is not None and best.k <= max_k <= limit
+            if limit == max_k or reuse:
+                return best
+        pick = chain.price(costs, keeps, max_k, overhead=self.overhead, forced=forced, batch=batch)
+        self._bounds[key] = (max_k, pick.best)
+        return pick.best
 
     def _priced(self) -> Priced:
         """The cost curves and the rest of the batch this round is priced with: alone, or
@@ -265,10 +373,28 @@ class AutoScheduler:
         self.rounds += 1
         self.auto.record(choice.chain, proposed, len(new), self.lossy[choice.chain])
         if choice is not plain:  # what this round saved (or lost) against plain decoding
-            self.ledger.round(choice, len(new), plain)
+            self.ledger.round(self._as_run(choice, proposed, len(forced), costs), len(new), plain)
         self.auto.savings = self.ledger.savings
         self.auto.shadow_credit = self.ledger.shadow_credit
         return new
+
+    def _as_run(
+        self, choice: Option, proposed: int, forced: int, costs: Mapping[str, CostCurve]
+    ) -> Option:
+        """``choice`` as its round ran, for the ledger: a lone draft stops where :meth:`_admit`
+        says, so the round is booked at the block it proposed (:func:`~.chains.draft_seconds`,
+        the draft's evaluation that found the token it refused included), not at the block it
+        was chosen for. Booked at the chosen block, a round whose draft stopped at once was
+        charged a whole long block (on a split 32B's curve 1.2 s for a 0.27 s round): the
+        savings ran dry and plain decoding ran where the draft paid."""
+        chain = self.chains[choice.chain]
+        if chain.plain or chain.lookup or len(chain.stages) > 1 or proposed == choice.k:
+            return choice
+        keep = self.chain_keep.rate(chain.top.name)
+        target, model = costs["target"], costs[chain.bottom]
+        ran = draft_seconds(target, model, keep, proposed, forced=forced, stopped=True)
+        chosen = draft_seconds(target, model, keep, choice.k, forced=forced)
+        return replace(choice, k=proposed, seconds=choice.seconds - chosen + ran)
 
     def _offers(self, context: Sequence[int], max_k: int) -> dict[str, Offer]:
         """The block each drafter with no model offers after ``context``, by chain name."""
@@ -365,11 +491,12 @@ class AutoScheduler:
         ``c_t``) at the rate the round was chosen for, looking ahead: a token also pays when
         drafting on to a longer block whose verification costs little more does
         (:func:`~.policy.lookahead`: a curve that falls past op offload makes the next token
-        dear and the 32nd cheap)."""
+        dear and the 32nd cheap). Each token also pays the draft's step that follows it."""
         rate = choice.rate
-        stage = self.chains[choice.chain].stages[0].name
-        keep = round(self.chain_keep.rate(stage), 2)
-        limits = policy.lookahead(c_t, keep, self.spec.max_block)
+        chain = self.chains[choice.chain]
+        keep = self._keeps(chain)[0][0]  # as the round was priced: a doubt must not stick
+        step = self.costs[chain.bottom](1)
+        limits = policy.lookahead(c_t, keep, self.spec.max_block, step)
 
         def admit(tops: list[float]) -> bool:
             n = len(tops)

@@ -10,11 +10,13 @@ The pool is also where every request enters, whoever asks (the Python API, the s
 :meth:`SlotPool.submit` admits a :class:`Job` (at most ``queue_size`` at once, the running
 ones included, else :class:`QueueFull`) and one of ``parallel`` worker threads runs it: its
 ``work`` takes a slot (:meth:`SlotPool.take`: the free slot whose cache shares the longest
-prefix with its prompt, llama-server's prompt reuse), decodes, and hands each result to its
-reader on that thread: the one boundary between the reader and the slot (the reader only
-queues it, so no reader's pace holds up a batch). :meth:`Job.cancel` is the one cancel signal
-(a reader gone, a client gone, the server stopping): the work stops at its next token and the
-slot is free at once; what its cache holds stays for the next prompt that starts the same way.
+prefix with its prompt, llama-server's prompt reuse; where another slot's cache, busy or free,
+holds a longer prefix of it, the slot takes those cells unevaluated,
+:mod:`~pyramid_gguf.native.prefix`), decodes, and hands each result to its reader on that
+thread: the one boundary between the reader and the slot (the reader only queues it, so no
+reader's pace holds up a batch). :meth:`Job.cancel` is the one cancel signal (a reader gone, a
+client gone, the server stopping): the work stops at its next token and the slot is free at
+once; what its cache holds stays for the next prompt that starts the same way.
 The one-request path is the same machine with one slot.
 """
 
@@ -27,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...native import SequenceView
+from ...native.prefix import can_share, share_prefix
 from .batcher import BatchCounters, Batcher, Load
 from .tiers import Ladder, ModelTier, common_prefix
 
@@ -121,6 +124,8 @@ class PoolSnapshot:
     #: Per slot, in slot order: whether it is decoding, and the tokens its target cache holds.
     slot_busy: tuple[bool, ...] = ()
     slot_cached: tuple[int, ...] = ()
+    #: Prompt tokens a slot's target cache took from another slot's instead of evaluating them.
+    shared_tokens: int = 0
 
 
 class SlotPool:
@@ -150,6 +155,9 @@ class SlotPool:
         self._workers: list[threading.Thread] = []
         self._closing = False
         self._completed = self._cancelled = self._rejected = 0
+        #: Per model (smallest first): whether its slots' sequences may share a prefix.
+        self._shares = [can_share(m.loaded) for m in models]
+        self._shared = 0
 
     def _slot_ladder(self, seq: int) -> Ladder:
         """The ladder seen from sequence ``seq``: each tier a view of the loaded model."""
@@ -251,13 +259,36 @@ class SlotPool:
                 if job.cancelled:
                     return None
                 self._cond.wait(timeout=0.1)
-            slot = choose([s for s in self.slots if not s.busy], job.prompt)
+            free = [s for s in self.slots if not s.busy]
+            slot = choose(free, job.prompt, sharing=self._shares[-1])
             self._taken += 1
             slot.busy, slot.last_used = True, self._taken
             slot.served += 1
         for mine, base in zip(slot.ladder.models, self.ladder.models, strict=True):
             mine.chunk = base.chunk  # --strict-identity's micro-batch, set by calibration
+        if any(self._shares) and job.prompt:
+            self._adopt(slot, job.prompt)
         return slot
+
+    def _adopt(self, slot: Slot, prompt: Sequence[int]) -> None:
+        """Give ``slot``, per model, the longest prefix of ``prompt`` another slot's cache holds
+        (busy or free), where that is longer than its own: those cells, not evaluated again."""
+        with self.batcher.lock:  # no batch, rollback or clear runs meanwhile
+            for i, tier in enumerate(slot.ladder.models):
+                if not self._shares[i]:
+                    continue
+                own = best = common_prefix(tier.model.tokens, prompt)
+                donor: Slot | None = None
+                for other in self.slots:
+                    if other is not slot:
+                        kept = common_prefix(other.ladder.models[i].model.tokens, prompt)
+                        if kept > best:
+                            donor, best = other, kept
+                if donor is None:
+                    continue
+                share_prefix(tier.loaded, donor.seq, slot.seq, best)
+                if tier.name == "target":
+                    self._shared += best - own
 
     @property
     def busy(self) -> int:
@@ -300,6 +331,7 @@ class SlotPool:
             batches=self.batcher.counters(),
             slot_busy=flags,
             slot_cached=held,
+            shared_tokens=self._shared,
         )
 
     def close(self) -> None:
@@ -315,20 +347,29 @@ class SlotPool:
             worker.join()
 
 
-def choose(free: Sequence[Slot], prompt: Sequence[int]) -> Slot:
+def choose(free: Sequence[Slot], prompt: Sequence[int], *, sharing: bool = False) -> Slot:
     """The free slot whose cache serves ``prompt`` best: the longest cache that ``prompt``
     continues (an empty one continues anything, so a conversation's next turn finds its own
     slot and a new conversation takes an empty slot rather than another's), unless cutting
     another cache reuses more than it throws away; with no cache to continue, the one that
     reuses the most for the least thrown away. The least recently used among equals
-    (llama-server picks by prompt similarity, then least recently used)."""
+    (llama-server picks by prompt similarity, then least recently used).
+
+    ``sharing``: the slots' caches share prefixes (:mod:`~pyramid_gguf.native.prefix`), so a
+    prefix that another slot holds costs nothing wherever the prompt goes; with no cache to
+    continue, the prompt then goes where its own prefix is longest (its conversation's slot,
+    whose tail it rewrites), then where the least is thrown away."""
     reuse = {s.seq: s.reuse(prompt) for s in free}
 
     def net(s: Slot) -> tuple[int, int]:
         kept, lost = reuse[s.seq]
         return kept - lost, -s.last_used
 
-    cut = max(free, key=net)
+    def longest(s: Slot) -> tuple[int, int, int]:
+        kept, lost = reuse[s.seq]
+        return kept, -lost, -s.last_used
+
+    cut = max(free, key=longest if sharing else net)
     going_on = [s for s in free if reuse[s.seq][1] == 0]
     if not going_on:
         return cut
