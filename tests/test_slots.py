@@ -40,7 +40,7 @@ from lossless import (
 )
 
 from pyramid_gguf import Pyramid, SamplingConfig, SpecConfig
-from pyramid_gguf.api import QueueFull
+from pyramid_gguf.api import END, QueueFull
 from pyramid_gguf.core.errors import ContextOverflow, UserError
 from pyramid_gguf.core.ladder import LadderShape
 from pyramid_gguf.core.load import LoadConfig
@@ -548,6 +548,30 @@ def test_finished_and_cancelled_requests_are_counted_apart(
         after = p.snapshot()
         assert after.completed - before.completed == 1
         assert after.cancelled - before.cancelled == 1
+
+
+def test_a_request_is_in_flight_until_it_is_counted(ladder: Callable[..., Pyramid]) -> None:
+    """``admitted`` (``/health``'s ``in_flight``): a request whose slot is free again but whose
+    work has not returned (its end still being delivered) is in flight and not yet counted, so
+    a client that waits for nothing in flight then reads the counts it caused."""
+    with ladder("target") as p:
+        before = p.snapshot()
+        at_end, hold = threading.Event(), threading.Event()
+
+        def deliver(item: object) -> None:
+            if item is END:
+                at_end.set()
+                hold.wait(10)
+
+        job = p.submit([1, 2], GREEDY.with_(max_tokens=2), deliver=deliver)
+        assert at_end.wait(30)
+        mid = p.snapshot()
+        assert (mid.busy, mid.queued) == (0, 0)  # the slot is free already
+        assert mid.admitted == 1 and mid.completed == before.completed
+        hold.set()
+        assert job.wait(10)
+        after = p.snapshot()
+        assert after.admitted == 0 and after.completed == before.completed + 1
 
 
 def test_the_step_split_adds_up(ladder: Callable[..., Pyramid]) -> None:

@@ -80,7 +80,7 @@ def create_app(
             "status": "ok",
             "model": service.model_name,
             "mode": service.spec.mode,
-            "in_flight": now.busy + now.queued,
+            "in_flight": now.admitted,
             "slots_idle": now.slots - now.busy,
             "slots_processing": now.busy,
             "queue_size": now.queue_size,

@@ -120,6 +120,9 @@ class PoolSnapshot:
     rejected: int
     #: Tokens held in every tier's KV cache, all slots together.
     cached_tokens: int
+    #: Admitted requests not yet finished and counted (queued, waiting for a slot or running):
+    #: 0 only once every one is in ``completed`` or ``cancelled``.
+    admitted: int = 0
     batches: BatchCounters = field(default_factory=BatchCounters)
     #: Per slot, in slot order: whether it is decoding, and the tokens its target cache holds.
     slot_busy: tuple[bool, ...] = ()
@@ -316,6 +319,7 @@ class SlotPool:
         with self._cond:
             flags = tuple(s.busy for s in self.slots)
             counts = (len(self._queue), self._completed, self._cancelled, self._rejected)
+            admitted = self._admitted
         cached = sum(len(m.model.tokens) for s in self.slots for m in s.ladder.models)
         held = tuple(len(s.held()) for s in self.slots)
         queued, completed, cancelled, rejected = counts
@@ -328,6 +332,7 @@ class SlotPool:
             cancelled=cancelled,
             rejected=rejected,
             cached_tokens=cached,
+            admitted=admitted,
             batches=self.batcher.counters(),
             slot_busy=flags,
             slot_cached=held,
