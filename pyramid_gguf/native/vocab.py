@@ -85,9 +85,10 @@ class Vocab:
             self._pieces = tuple(out)
         return self._pieces
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        """Text of ``tokens`` (invalid UTF-8 replaced)."""
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """Text of ``tokens`` (invalid UTF-8 replaced; ``special``: control tokens rendered)."""
+        data = b"".join(self.token_bytes(t, special=special) for t in tokens)
+        return data.decode("utf-8", errors="replace")
 
     def token_text(self, token: int) -> str:
         """The vocabulary's stored text of a token (what the vocabulary check compares)."""

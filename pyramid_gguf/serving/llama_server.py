@@ -217,9 +217,7 @@ async def detokenize(request: Request, body: DetokenizeRequest) -> dict[str, Any
     """``POST /detokenize``: token ids as text."""
     service = service_of(request)
     _check_ids(service, body.tokens, "tokens")
-    vocab = service.pyramid.vocab
-    data = b"".join(vocab.token_bytes(t, special=True) for t in body.tokens)
-    return {"content": data.decode("utf-8", errors="replace")}
+    return {"content": service.pyramid.vocab.detokenize(body.tokens, special=True)}
 
 
 async def apply_template(request: Request, body: ApplyTemplateRequest) -> dict[str, Any]:

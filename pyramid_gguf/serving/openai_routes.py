@@ -228,8 +228,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> HTT
     )
     verbose = None
     if body.verbose:
-        rendered = b"".join(pyramid.vocab.token_bytes(t, special=True) for t in chat.tokens)
-        verbose = {"prompt": rendered.decode("utf-8", errors="replace")}
+        verbose = {"prompt": pyramid.vocab.detokenize(chat.tokens, special=True)}
     return await _answer(request, body, shape, submit, chat.reader, verbose)
 
 
