@@ -287,13 +287,35 @@ class Pyramid(LadderFacts):
         self, prompt: Prompt, sampling: SamplingConfig | None = None,
         spec: SpecConfig | None = None, *, special: bool = False,
     ) -> Completion:  # fmt: skip
-        """Generate to the end and return the joined :class:`Completion`."""
+        """Generate to the end and return the joined :class:`Completion`.
+
+        Unlike :meth:`stream`, the steps are collected on the slot's thread and this thread
+        wakes once, at the end: no thread wakes per token beside the decoding (on a machine
+        whose cores all decode, such a wake-up takes its time from the next token)."""
+        steps: list[Response | BaseException | None] = []
+        ended = threading.Event()
+
+        def collect(item: Response | BaseException | None) -> None:
+            steps.append(item)
+            if item is END:
+                ended.set()
+
+        job = self.submit(prompt, sampling, spec, deliver=collect, special=special)
+        try:
+            ended.wait()
+        finally:
+            job.cancel()  # no-op once it has finished (a Ctrl-C ends it at its next token)
+            job.wait()
         texts: list[str] = []
         ids: list[int] = []
         last: Response | None = None
-        for last in self.stream(prompt, sampling, spec, special=special):
-            texts.append(last.text)
-            ids += last.token_ids
+        for item in steps[:-1]:
+            if isinstance(item, BaseException):
+                raise item
+            assert item is not None
+            last = item
+            texts.append(item.text)
+            ids += item.token_ids
         assert last is not None
         return Completion(
             "".join(texts), ids, last.finish_reason or "length", last.stats,

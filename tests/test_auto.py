@@ -117,6 +117,40 @@ def test_echoes_that_do_not_copy_cost_at_most_the_confident_bets(
     assert rounds_of(reckless, "ngram") > rounds_of(guarded, "ngram")
 
 
+def test_blocks_on_a_hybrid_target_stay_within_its_snapshots() -> None:
+    """A hybrid target drops natively only as many tokens as llama.cpp keeps recurrent-state
+    snapshots of; a deeper drop restores a saved state that may be many rounds old, which
+    calibration does not price. So auto copies a quote in blocks of at most that many tokens
+    there, and in longer ones on a plain KV cache (a GPU-like curve: a long block costs little
+    more than one token)."""
+    flat = CostCurve.shaped(0.03, 0.0002)
+    rng = np.random.default_rng(3)
+    prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
+    answer = prompt[40:100]
+
+    class Hybrid:
+        n_rs_seq, snapshot_reason = 4, "hybrid"
+
+    def longest_block(loaded: object) -> int:
+        target = ScriptedTarget([*prompt, *answer], flat)
+        target.loaded = loaded  # type: ignore[attr-defined]
+        blocks = []
+        score = target.score
+        target.score = lambda c, t: (blocks.append(len(t)), score(c, t))[1]  # type: ignore[method-assign]
+        sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(answer)))
+        ladder = Ladder(target=cast(ModelTier, target))
+        stats = GenerationStats(mode="auto")
+        rounds = AutoScheduler(ladder, SpecConfig(mode="auto"), sampler, stats, {"target": flat})
+        committed = list(prompt)
+        while len(committed) < len(prompt) + len(answer):
+            committed += rounds.run(committed, len(prompt) + len(answer) - len(committed))
+        assert committed[len(prompt) :] == answer
+        return max(blocks)
+
+    assert longest_block(Hybrid()) <= Hybrid.n_rs_seq
+    assert longest_block(None) > Hybrid.n_rs_seq
+
+
 def rounds_of(auto: AutoStats, chain: str) -> int:
     return auto.choices[chain].rounds if chain in auto.choices else 0
 

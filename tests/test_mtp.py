@@ -20,7 +20,7 @@ from pyramid_gguf.core.errors import UserError
 from pyramid_gguf.core.ladder import MTP, LadderPaths
 from pyramid_gguf.decoding.runtime.tiers import ModelTier
 from pyramid_gguf.native import MtpSequence
-from pyramid_gguf.runtime.loading import rollback_depth
+from pyramid_gguf.runtime.loading import AUTO_DEPTH, rollback_depth
 
 GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)
 PROMPTS = ("the model of the tree", "a", "def return if else")
@@ -164,15 +164,16 @@ def test_mtp_bench_counts_llama_cpp_rounds_by_committed_tokens(
 def test_snapshots_follow_what_the_loaded_mode_can_drop(hybrid_target: Path) -> None:
     """Plain decoding never rolls back, so a target loaded for it keeps no recurrent-state
     snapshots (each costs a state copy per block at every token); ``sd`` keeps its block,
-    ``auto`` up to the cap. Another mode on that context still decodes exactly: its rollbacks
-    take the saved-state path."""
+    ``auto`` :data:`AUTO_DEPTH` (its blocks on such a target no longer), at most the cap.
+    Another mode on that context still decodes exactly: its rollbacks take the saved-state
+    path."""
     assert rollback_depth(SpecConfig(mode="psd-exact", l_d=2, l_q=5)) == 5
     depth = {}
     for draft, spec, cap in (
         ("mtp", SpecConfig(mode="target"), 16),
         ("mtp", SpecConfig(mode="sd", l_d=3), 16),
         ("mtp", SpecConfig(mode="auto"), 16),
-        ("mtp", SpecConfig(mode="auto"), 5),
+        ("mtp", SpecConfig(mode="auto"), 2),
     ):
         load = replace(TINY_LOAD, n_rs_seq=cap)
         with Pyramid.from_paths(hybrid_target, draft=draft, load=load, spec=spec) as p:
@@ -182,4 +183,4 @@ def test_snapshots_follow_what_the_loaded_mode_can_drop(hybrid_target: Path) -> 
                 got = p.generate(PROMPTS[0], GREEDY, SpecConfig(mode="sd", l_d=3))
                 assert got.token_ids == want
                 assert p.ladder.target.loaded.rollback_counts()[1] > 0  # through saved states
-    assert depth == {("target", 16): 0, ("sd", 16): 3, ("auto", 16): 16, ("auto", 5): 5}
+    assert depth == {("target", 16): 0, ("sd", 16): 3, ("auto", 16): AUTO_DEPTH, ("auto", 2): 2}

@@ -11,15 +11,19 @@ blocks up to 64 tokens, on a CPU-shaped curve and on a flat (GPU-like) one.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import pytest
 
 from pyramid_gguf.core.spec import SpecConfig
 from pyramid_gguf.decoding.offline.replay import replay_trace
 from pyramid_gguf.decoding.offline.traces import TierTrace, Trace
-from pyramid_gguf.decoding.pricing.chains import Chain, StageRule
+from pyramid_gguf.decoding.pricing import policy
+from pyramid_gguf.decoding.pricing.chains import Chain, StageRule, draft_seconds
 from pyramid_gguf.decoding.pricing.costs import CostCurve
-from pyramid_gguf.decoding.pricing.policy import lookahead
+from pyramid_gguf.decoding.pricing.policy import Ledger, Option, lookahead
 from pyramid_gguf.decoding.runtime.auto import ROUND_OVERHEAD
 
 N = 1500
@@ -183,3 +187,51 @@ def test_a_lone_draft_that_stops_is_booked_as_it_ran() -> None:
     auto = replay_trace(trace, costs, SpecConfig(mode="auto"))
     assert auto.tps >= 0.9 * _best_p_min(trace, costs, (8, 16, 31))
     assert auto.auto.choices["target"].rounds < auto.auto.choices["draft"].rounds
+
+
+def test_a_lone_draft_is_booked_at_the_keep_rate_it_was_priced_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round that stops early is booked as it ran, by the keep rate and cost curves its
+    choice was priced with: the ledger entry is the choice's seconds less the block it was
+    chosen for plus the block it proposed (:func:`draft_seconds`, stopped), both at the keep
+    rate the chain was priced at that round (its upper confidence bound before the round),
+    not at the mean the round then taught (which made the booking drift from the choice's
+    price). The keep rate and curves are read off the pricing call that offered the choice."""
+    steep = tuple(0.25 + 0.09 * (n - 1) for n in range(1, 9))
+    target = CostCurve(steep + tuple(0.88 + 0.0005 * (n - 8) for n in range(9, 66)))
+    costs = {"target": target, "draft": CostCurve.shaped(0.016, 0.001)}
+    trace = _confident_trace(0.75, sure=0.95, unsure=0.45, seed=1)
+    offered: list[tuple[Any, float, policy.Pick]] = []  # this round's draft prices
+    chosen: list[tuple[Option, Any, float]] = []  # this round's choice, its curves and keep
+    rounds: list[tuple[Option, Any, float, Option]] = []  # ... and the option booked
+    price, choose, book = Chain.price, policy.choose, Ledger.round
+
+    def priced(self: Chain, curves: Any, keeps: Any, *args: Any, **kwargs: Any) -> policy.Pick:
+        pick = price(self, curves, keeps, *args, **kwargs)
+        if self.name == "draft":
+            offered.append((curves, keeps[0][0], pick))
+        return pick
+
+    def choosing(base: Option, options: Any) -> Option:
+        choice = choose(base, options)
+        offer = next(((c, k) for c, k, p in offered if p.allowed is choice), (None, math.nan))
+        chosen[:] = [(choice, *offer)]
+        offered.clear()
+        return choice
+
+    def booking(self: Ledger, option: Option, committed: int, base: Option) -> None:
+        rounds.append((*chosen[0], option))
+        book(self, option, committed, base)
+
+    monkeypatch.setattr(Chain, "price", priced)
+    monkeypatch.setattr(policy, "choose", choosing)
+    monkeypatch.setattr(Ledger, "round", booking)
+    replay_trace(trace, costs, SpecConfig(mode="auto"))
+    stopped = [r for r in rounds if r[0].chain == "draft" and r[3].k < r[0].k]
+    assert len(stopped) > 10 and len({keep for _, _, keep, _ in stopped}) > 1
+    for choice, curves, keep, booked in stopped:
+        t, d = curves["target"], curves["draft"]
+        chosen_block = draft_seconds(t, d, keep, choice.k)
+        ran = draft_seconds(t, d, keep, booked.k, stopped=True)
+        assert booked.seconds == pytest.approx(choice.seconds - chosen_block + ran, rel=1e-9)

@@ -10,6 +10,7 @@ callers reason in token lists and never in native state.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -174,41 +175,45 @@ class NativeModel:
                     f"context full: {held} + {len(p.tokens)} tokens exceed --ctx-size {self.n_ctx}"
                 )
         outs = [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
-        # (token, position, sequence, logits wanted) per batch index, and where each row goes
+        row_bytes = 4 * self.n_vocab
+        # (token, position, sequence, logits wanted) per batch index, and the address of the
+        # row its logits are copied to (0: none)
         entries: list[tuple[int, int, int, bool]] = []
-        dest: list[tuple[int, int] | None] = []
-        for i, (p, want) in enumerate(zip(parts, wants, strict=True)):
-            rows = {j: r for r, j in enumerate(want)}
+        dest: list[int] = []
+        for p, want, out in zip(parts, wants, outs, strict=True):
+            rows = {j: out.ctypes.data + r * row_bytes for r, j in enumerate(want)}
             first = len(self._held[p.seq])
             for j, tok in enumerate(p.tokens):
                 entries.append((int(tok), first + j, p.seq, j in rows))
-                dest.append((i, rows[j]) if j in rows else None)
+                dest.append(rows.get(j, 0))
         start_time = time.perf_counter()
         in_decode = 0.0
         step = min(chunk, self.n_batch) if chunk > 0 else self.n_batch
+        ctx = self._ctx.ptr
         for start in range(0, len(entries), step):
             piece = entries[start : start + step]
             self._batch.fill(piece)
             t0 = time.perf_counter()
             # on the process's one compute thread: a second thread running graphs would slow
             # every graph's barriers (native/compute.py)
-            rc = compute.run(llama_cpp.llama_decode, self._ctx.ptr, self._batch.ptr)
+            rc = compute.run(llama_cpp.llama_decode, ctx, self._batch.ptr)
             in_decode += time.perf_counter() - t0
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} for {self.path.name}")
-            counts: dict[int, int] = {}
-            for _, _, seq, _ in piece:
-                counts[seq] = counts.get(seq, 0) + 1
-            for seq, n in counts.items():
-                self._rollbacks[seq].decoded(n)
+            if len(parts) == 1:
+                self._rollbacks[parts[0].seq].decoded(len(piece))
+            else:
+                counts: dict[int, int] = {}
+                for _, _, seq, _ in piece:
+                    counts[seq] = counts.get(seq, 0) + 1
+                for seq, n in counts.items():
+                    self._rollbacks[seq].decoded(n)
             for hook in self.decode_hooks:
                 hook(piece)
-            for j, (tok, _, seq, wanted) in enumerate(piece):
+            for j, (tok, _, seq, _) in enumerate(piece):
                 self._held[seq].append(tok)
-                where = dest[start + j]
-                if wanted and where is not None:
-                    ptr = llama_cpp.llama_get_logits_ith(self._ctx.ptr, j)
-                    outs[where[0]][where[1]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                if to := dest[start + j]:  # the row straight into its place: one copy
+                    ctypes.memmove(to, llama_cpp.llama_get_logits_ith(ctx, j), row_bytes)
         self.timer.n_evals += 1
         self.timer.n_tokens += len(entries)
         self.timer.seconds += time.perf_counter() - start_time
@@ -248,6 +253,48 @@ class NativeModel:
         """Empty the cache of every sequence."""
         for seq in range(self.n_seq):
             self.clear(seq)
+
+    # --- a prefix shared between sequences -------------------------------------------------------
+
+    @property
+    def can_share(self) -> bool:
+        """Whether this context's sequences may share a prefix (:meth:`share_prefix`).
+
+        Only plain KV caches share: a sliding window may already have dropped cells that tokens
+        after the prefix attend to, a recurrent state is one per sequence rather than one per
+        position, and a context whose decodes feed a hook (an MTP head reads the target's
+        hidden states) would miss the shared tokens. Nor with ``--strict-identity``: a stream
+        per sequence, and a prompt is evaluated afresh there anyway."""
+        return (
+            self.n_seq > 1
+            and not self.cfg.strict_identity
+            and self.snapshot_reason is None
+            and not self.decode_hooks
+        )
+
+    def share_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make sequence ``dst`` hold exactly the first ``n`` tokens sequence ``src`` holds,
+        unevaluated: the same cells (``dst``'s own cache is cleared first).
+
+        In the unified KV cache (``kv_unified``, loaded without ``--strict-identity``)
+        ``llama_memory_seq_cp`` adds a sequence to cells another one holds: metadata only,
+        nothing copied or evaluated. So a prompt that starts the way another slot's cache does
+        (a chat template's system prompt) evaluates only what follows, and the other slot keeps
+        its cache (llama-server gets the prefix by moving the request into the other slot,
+        cutting its cache). The cells hold what evaluating the same tokens at the same
+        positions left there, as a slot reusing its own cache does. The caller holds whatever
+        guards the context (the slots' batcher lock): nothing else may touch it meanwhile."""
+        if not self.can_share:
+            raise ValueError(f"{self.path.name}: its sequences cannot share cells")
+        held = self._held[src]
+        if src == dst or not 0 <= n <= len(held):
+            raise ValueError(f"cannot share {n} tokens of sequence {src} ({len(held)}) with {dst}")
+        prefix = held[:n]
+        self.clear(dst)
+        if n == 0:
+            return
+        llama_cpp.llama_memory_seq_cp(self._ctx.memory, src, dst, 0, n)
+        self._held[dst].extend(prefix)
 
     # --- what the file says ------------------------------------------------------------------
 

@@ -64,6 +64,8 @@ class MtpSequence:
     #: What calibration keys its cost curve by, beside the file (the target's).
     kind = "mtp"
     n_seq = 1
+    #: One sequence: nothing to share a prefix with (:attr:`NativeModel.can_share`).
+    can_share = False
 
     def __init__(self, target: NativeModel) -> None:
         if not target.cfg.load_mtp or n_layer_nextn(target) == 0:
@@ -121,10 +123,11 @@ class MtpSequence:
         ptr = llama_cpp_ext.llama_get_embeddings_nextn(self._tctx)
         if not ptr:
             return
-        rows = np.ctypeslib.as_array(ptr, shape=(len(piece), self.n_embd))
+        rows = np.empty((len(piece), self.n_embd), dtype=np.float32)  # one copy, then views
+        ctypes.memmove(rows.ctypes.data, ptr, rows.nbytes)
         for j, (_, pos, seq, _) in enumerate(piece):
             if seq == 0:
-                self._h[pos] = rows[j].copy()
+                self._h[pos] = rows[j]
         if len(self._h) > 2 * self.n_ctx:
             low = len(self._tokens) - 2
             for pos in [p for p in self._h if p < low]:

@@ -22,6 +22,8 @@ class Vocab:
         self._ptr = vocab_ptr
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab_ptr))
         self._pieces: tuple[bytes, ...] | None = None
+        #: ``token_bytes`` of the tokens asked for so far, per ``special``.
+        self._bytes: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})
 
     @property
     def ptr(self) -> Any:
@@ -59,6 +61,13 @@ class Vocab:
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         """The raw bytes one token renders to (control tokens render empty unless ``special``)."""
+        known = self._bytes[1 if special else 0]
+        got = known.get(token)
+        if got is None:
+            got = known[int(token)] = self._piece(int(token), special)
+        return got
+
+    def _piece(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self._ptr, int(token), buf, 64, 0, special)
         if n < 0:

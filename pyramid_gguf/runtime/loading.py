@@ -15,18 +15,26 @@ from ..core.remote import RpcConfig
 from ..core.spec import SpecConfig
 from ..decoding.runtime.tiers import Ladder, load_ladder
 
+#: Recurrent-state snapshots ``auto`` keeps on a hybrid target, so its blocks (capped at this
+#: many tokens there, decoding/runtime/auto.py) always roll back natively. Each snapshot costs
+#: every evaluation (llama.cpp writes the conv states once per snapshot, per recurrent layer):
+#: plain decoding on the synthetic hybrid, interleaved against none, cost 0% at 4 snapshots,
+#: 2% at 8, 9% at 16 (docs/BENCHMARKS.md). llama.cpp's ``draft-mtp`` keeps its ``--draft-max``,
+#: 3 by default.
+AUTO_DEPTH = 4
+
 
 def rollback_depth(spec: SpecConfig) -> int:
     """The most tokens one rollback of ``spec``'s mode drops from a single evaluation: what a
     hybrid target needs of llama.cpp's recurrent-state snapshots (``n_rs_seq``) so that every
     rejected round rolls back natively (native/rollback.py). Plain decoding never rolls back
     (0: no snapshot is written at every token); a fixed chain drops at most its blocks
-    (``l_d``, and ``l_q`` under a qualifier); ``auto`` at most ``max_block``. A longer drop,
-    or a mode run on a context loaded for another, still rolls back exactly, through a saved
-    state."""
+    (``l_d``, and ``l_q`` under a qualifier); ``auto`` at most :data:`AUTO_DEPTH` (its blocks
+    on such a target are no longer). A longer drop, or a mode run on a context loaded for
+    another, still rolls back exactly, through a saved state."""
     info = spec.info
     if info.auto:
-        return spec.max_block
+        return min(spec.max_block, AUTO_DEPTH)
     if info.n_tiers <= 1:
         return 0
     return max(spec.l_d, spec.l_q) if info.n_tiers >= 3 else spec.l_d

@@ -118,7 +118,9 @@ class Reader:
 
     def __init__(self, totals: Totals, readers: set[Reader]) -> None:
         self._loop = asyncio.get_running_loop()
-        self._items: asyncio.Queue[object] = asyncio.Queue()
+        self._items: deque[object] = deque()
+        #: What :meth:`_get` awaits while nothing is posted (None when it is not waiting).
+        self._waiter: asyncio.Future[None] | None = None
         self._totals = totals
         self._readers = readers
         self._last: Response | None = None
@@ -144,9 +146,28 @@ class Reader:
         elif item is END and self._last is not None:
             self._totals.finished(self._last.stats)
         try:
-            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._put, item)
         except RuntimeError:  # the event loop is gone: nobody is listening
             self.cancel()
+
+    def _put(self, item: object) -> None:
+        """Event loop: queue ``item`` and wake the reader if it waits (one wake-up per item,
+        no queue machinery: a step crosses to the loop once per token)."""
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _get(self) -> object:
+        """Event loop: the next posted item, waiting for it when none is queued."""
+        items = self._items
+        while not items:
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return items.popleft()
 
     def cancel(self) -> None:
         """Stop the generation at its next token (a no-op once it has ended)."""
@@ -157,12 +178,12 @@ class Reader:
         """Event loop: cancel the generation and make the next :meth:`next` raise ``error``,
         whatever the slot still posts."""
         self.cancel()
-        self._items.put_nowait(error)
+        self._put(error)
 
     async def next(self) -> Response | None:
         """The next step, None at the end; re-raises an error of the generation (or the one
         given to :meth:`abort`)."""
-        item = await self._items.get()
+        item = await self._get()
         if item is END:
             self._readers.discard(self)
             return None
@@ -175,7 +196,7 @@ class Reader:
     async def result(self) -> object:
         """A task's one item (what its work delivered first; None when it ended without one);
         re-raises its error or the one given to :meth:`abort`."""
-        item = await self._items.get()
+        item = await self._get()
         self._readers.discard(self)
         if isinstance(item, BaseException):
             raise item

@@ -11,6 +11,7 @@ for both.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -29,6 +30,11 @@ from ..core.spec import SpecConfig
 from .errors import ApiError, validation_error
 from .schemas import ChatCompletionRequest
 
+#: Serialises one value as ``json.dumps(value, ensure_ascii=False)`` does.
+_JSON = json.JSONEncoder(ensure_ascii=False)
+#: A text delta's place in a chunk serialised once (:meth:`ResponseShape.text_event`).
+_MARK = "\x00pyramid-gguf text\x00"
+
 
 @cache
 def system_fingerprint() -> str:
@@ -39,6 +45,12 @@ def system_fingerprint() -> str:
     except metadata.PackageNotFoundError:
         version = "0"
     return f"b{version}-pyramid-gguf"
+
+
+def json_string(text: str) -> str:
+    """``text`` as a JSON string, as ``json.dumps(text, ensure_ascii=False)`` writes it (the
+    one part of a streamed token's event that changes, the rest serialised once)."""
+    return _JSON.encode(text)
 
 
 def finish_reason(reason: str | None, called: bool = False) -> str:
@@ -150,6 +162,10 @@ class ResponseShape:
     sent: int = 0
     #: Which of the request's ``n`` choices this is.
     index: int = 0
+    #: :meth:`text_event`'s event around its text, and the ids it was built for.
+    _template: tuple[tuple[str, int, int], str, str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -195,6 +211,18 @@ class ResponseShape:
             return self._envelope("chat.completion.chunk", [choice])
         choice = {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return self._envelope("text_completion", [choice])
+
+    def text_event(self, text: str) -> str:
+        """The server-sent event of a text delta without log-probabilities, exactly
+        ``sse(self.chunk(text))``: the chunk around the text is serialised once per response,
+        each token only its text (the streamed answer's per-token work)."""
+        key = (self.id, self.created, self.index)
+        template = self._template
+        if template is None or template[0] != key:
+            whole = json.dumps(self.chunk(_MARK), ensure_ascii=False)
+            head, tail = whole.split(json_string(_MARK))
+            template = self._template = (key, f"data: {head}", f"{tail}\n\n")
+        return f"{template[1]}{json_string(text)}{template[2]}"
 
     def usage_chunk(self, stats: GenerationStats) -> dict[str, Any]:
         """The last chunk when ``stream_options.include_usage``: no choices, only usage (and

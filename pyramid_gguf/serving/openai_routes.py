@@ -70,9 +70,11 @@ async def _events(
                 content = delta.content or None
                 yield sse(shape.chunk(content, logprobs=held, tool_calls=delta.tool_calls))
                 held = []
-        elif step.text:
+        elif step.text and held:
             yield sse(shape.chunk(step.text, logprobs=held))
             held = []
+        elif step.text:
+            yield shape.text_event(step.text)
 
 
 @dataclass

@@ -57,7 +57,7 @@ from .proposers import Admit, DraftProposer, Observe, Proposer
 from .rounds import RoundRunner
 from .sampling import Sampler
 from .stats import AutoStats, GenerationStats
-from .tiers import Ladder, common_prefix
+from .tiers import Ladder, common_prefix, native_depth
 
 #: The cost curves and the rest of the batch one round is priced with.
 Priced = tuple[Mapping[str, CostCurve], policy.Batch]
@@ -147,6 +147,10 @@ class AutoScheduler:
         self.model_chains = [c for c in self.chains.values() if not c.plain and not c.lookup]
         self.chain_keep = ChainAcceptance()
         self.overhead = ROUND_OVERHEAD
+        #: Most tokens a round proposes: on a hybrid target, no more than its recurrent-state
+        #: snapshots let it drop natively (a deeper drop restores a saved state that may be
+        #: many rounds old, which calibration, timing a state one round old, does not price).
+        self.max_k = min(spec.max_block, native_depth(ladder.target) or spec.max_block)
         self.ledger = policy.Ledger()
         self.auto = stats.auto = AutoStats()
         #: Where the answer starts in the committed tokens (set by the first round): n-gram
@@ -346,7 +350,7 @@ class AutoScheduler:
         forced = self.runner.forced_tokens(committed, room - 1)
         ctx = [*committed, *forced] if forced else committed
         left = room - 1 - len(forced)
-        max_k = min(self.spec.max_block, left) if left > 0 else 0
+        max_k = min(self.max_k, left) if left > 0 else 0
         offers = self._offers(ctx, max_k) if max_k > 0 else {}
         priced = self._priced()
         costs, batch = priced
@@ -367,30 +371,49 @@ class AutoScheduler:
         for name, pick in picks.items():
             if pick.best is not None:
                 self.auto.outlook[name] = pick.best.rate / base.rate
-        new, proposed = self._execute(choice, committed, offers, forced, costs["target"])
+        keep = self._draft_keep(choice)
+        new, proposed = self._execute(choice, committed, offers, forced, costs, keep)
         if self.load is not None:
             self.load.report(len(forced) + proposed + 1, len(new))
         self.rounds += 1
         self.auto.record(choice.chain, proposed, len(new), self.lossy[choice.chain])
         if choice is not plain:  # what this round saved (or lost) against plain decoding
-            self.ledger.round(self._as_run(choice, proposed, len(forced), costs), len(new), plain)
+            booked = self._as_run(choice, proposed, len(forced), costs, keep)
+            self.ledger.round(booked, len(new), plain)
         self.auto.savings = self.ledger.savings
         self.auto.shadow_credit = self.ledger.shadow_credit
         return new
 
+    def _draft_keep(self, choice: Option) -> float | None:
+        """The keep rate a lone draft's round is priced at (None for any other chain): its
+        stage's upper confidence bound as :meth:`picks` priced it (:meth:`_keeps`), read before
+        the round teaches it. Where the draft stops (:meth:`_admit`) and how the round is booked
+        (:meth:`_as_run`) both use it, so that both agree with the price it was chosen at."""
+        chain = self.chains[choice.chain]
+        if chain.plain or chain.lookup or len(chain.stages) > 1:
+            return None
+        return self._keeps(chain)[0][0]
+
     def _as_run(
-        self, choice: Option, proposed: int, forced: int, costs: Mapping[str, CostCurve]
+        self,
+        choice: Option,
+        proposed: int,
+        forced: int,
+        costs: Mapping[str, CostCurve],
+        keep: float | None,
     ) -> Option:
-        """``choice`` as its round ran, for the ledger: a lone draft stops where :meth:`_admit`
+        """``choice`` as its round ran, for the ledger: a lone draft (``keep``: the keep rate it
+        was priced at, :meth:`_draft_keep`; None for other chains) stops where :meth:`_admit`
         says, so the round is booked at the block it proposed (:func:`~.chains.draft_seconds`,
         the draft's evaluation that found the token it refused included), not at the block it
         was chosen for. Booked at the chosen block, a round whose draft stopped at once was
         charged a whole long block (on a split 32B's curve 1.2 s for a 0.27 s round): the
-        savings ran dry and plain decoding ran where the draft paid."""
-        chain = self.chains[choice.chain]
-        if chain.plain or chain.lookup or len(chain.stages) > 1 or proposed == choice.k:
+        savings ran dry and plain decoding ran where the draft paid. Both blocks are priced as
+        ``choice`` was (``costs``: the curves of the round's batch; ``keep``, not the mean the
+        round then taught), so the booking differs from its price by the blocks alone."""
+        if keep is None or proposed == choice.k:
             return choice
-        keep = self.chain_keep.rate(chain.top.name)
+        chain = self.chains[choice.chain]
         target, model = costs["target"], costs[chain.bottom]
         ran = draft_seconds(target, model, keep, proposed, forced=forced, stopped=True)
         chosen = draft_seconds(target, model, keep, choice.k, forced=forced)
@@ -436,11 +459,13 @@ class AutoScheduler:
         committed: list[int],
         offers: Mapping[str, Offer],
         forced: list[int],
-        c_t: CostCurve,
+        costs: Mapping[str, CostCurve],
+        keep: float | None,
     ) -> tuple[list[int], int]:
-        """Run ``choice`` after the grammar's ``forced`` tokens (``c_t``: the target's cost
-        curve it was priced with; ``offers``: the blocks it was priced with); the committed
-        tokens and how many were drafted."""
+        """Run ``choice`` after the grammar's ``forced`` tokens (``costs``: the cost curves it
+        was priced with; ``offers``: the blocks it was priced with; ``keep``: a lone draft's
+        keep rate it was priced at, :meth:`_draft_keep`); the committed tokens and how many
+        were drafted."""
         chain = self.chains[choice.chain]
         if chain.plain and not forced:
             return self.runner.plain(committed), 0
@@ -448,7 +473,7 @@ class AutoScheduler:
             name, first = next(iter(self.lookups.items()))  # the n-gram's chain verifies them
             r = self.runner.speculate(self.chains[name], first.proposer, committed, forced, 0)
             return r.tokens, 0
-        proposer = self._proposer(chain, choice, c_t)
+        proposer = self._proposer(chain, choice, costs, keep)
         lookup = self.lookups.get(chain.name)
         k = choice.k if lookup is not None else self.spec.max_block
         r = self.runner.speculate(chain, proposer, committed, forced, k)
@@ -460,19 +485,20 @@ class AutoScheduler:
             self.chain_keep.record_confidence(proposer.top_probs, r.kept)
         return r.tokens, r.proposed
 
-    def _proposer(self, chain: Chain, choice: Option, c_t: CostCurve) -> Proposer:
+    def _proposer(
+        self, chain: Chain, choice: Option, costs: Mapping[str, CostCurve], keep: float | None
+    ) -> Proposer:
         """The proposer of ``choice``: a drafter with no model (which proposes the block
-        ``choice`` was priced by), or ``chain``'s models: a lone draft stops where its next
-        token no longer pays (:meth:`_admit`); a pyramid's checks teach its first stage's keep
-        rate."""
+        ``choice`` was priced by), or ``chain``'s models: a lone draft (``keep`` not None)
+        stops where its next token no longer pays (:meth:`_admit`); a pyramid's checks teach
+        its first stage's keep rate."""
         pyramid = len(chain.stages) > 1
         lookup = self.lookups.get(chain.name)
-        lone_draft = not pyramid and lookup is None
         return self.runner.build_proposer(
             chain,
             k=choice.k,
             l_d=choice.l_d,
-            admit=self._admit(choice, c_t) if lone_draft else None,
+            admit=None if keep is None else self._admit(choice, costs, keep),
             lookup=None if lookup is None else lookup.proposer,
             observe=self._observe(chain.stages[0].name) if pyramid else None,
         )
@@ -485,18 +511,20 @@ class AutoScheduler:
 
         return observe
 
-    def _admit(self, choice: Option, c_t: CostCurve) -> Admit:
+    def _admit(self, choice: Option, costs: Mapping[str, CostCurve], keep: float) -> Admit:
         """Propose one more drafted token while the expected tokens it adds (the chance that
-        it and every one before it are kept) pay for its share of the verification (priced by
-        ``c_t``) at the rate the round was chosen for, looking ahead: a token also pays when
-        drafting on to a longer block whose verification costs little more does
-        (:func:`~.policy.lookahead`: a curve that falls past op offload makes the next token
-        dear and the 32nd cheap). Each token also pays the draft's step that follows it."""
+        it and every one before it are kept) pay for its share of the verification at the
+        rate the round was chosen for, looking ahead: a token also pays when drafting on to a
+        longer block whose verification costs little more does (:func:`~.policy.lookahead`: a
+        curve that falls past op offload makes the next token dear and the 32nd cheap). Each
+        token also pays the draft's step that follows it. Priced as the round was: ``costs``,
+        the curves of its batch (the target's at the margin of the other slots'), and
+        ``keep``, the keep rate it was priced at (:meth:`_draft_keep`; the mean instead let a
+        doubt stick: a refused first token teaches nothing)."""
         rate = choice.rate
         chain = self.chains[choice.chain]
-        keep = self._keeps(chain)[0][0]  # as the round was priced: a doubt must not stick
-        step = self.costs[chain.bottom](1)
-        limits = policy.lookahead(c_t, keep, self.spec.max_block, step)
+        step = costs[chain.bottom](1)
+        limits = policy.lookahead(costs["target"], keep, self.spec.max_block, step)
 
         def admit(tops: list[float]) -> bool:
             n = len(tops)

@@ -297,6 +297,9 @@ class Batcher:
             c.shared_decode_seconds += decoded
         for r, piece, got in zip(group, pieces, rows, strict=True):
             _charge(r.timer, len(piece.tokens), seconds * len(piece.tokens) / total)
+            if r.done == 0 and len(piece.tokens) == r.left:  # the whole request: its own rows
+                r.rows, r.done, r.finished = r.part.ordered(got, r.want), r.left, True
+                continue
             if r.rows is None:
                 r.rows = np.empty((len(r.want), model.n_vocab), dtype=np.float32)
             asked = piece.logits_at

@@ -138,8 +138,11 @@ class NGramPool:
                 self._size -= len(self._docs.popleft())
 
     def match(self, suffix: Sequence[int], max_tokens: int) -> Match | None:
-        with self._lock:
-            docs = list(self._docs)
+        if len(suffix) < KEY or max_tokens < 1:
+            return None
+        key = tuple(suffix[-KEY:])
+        with self._lock:  # a dict look-up per document: a full pool holds hundreds of them
+            docs = [d for d in self._docs if key in d._ends]
         best: Match | None = None
         for doc in reversed(docs):  # newest first: it wins ties
             m = doc.match(suffix, max_tokens, skip_last=False, quoted_before=len(doc))

@@ -7,16 +7,16 @@ whose evaluations go through the pool's :class:`~.batcher.Batcher`, so the round
 and verifications that decode one sequence decode it unchanged in a batch of many.
 
 The pool is also where every request enters, whoever asks (the Python API, the server):
-:meth:`SlotPool.submit` admits a :class:`Job` (at most ``queue_size`` at once, the running
-ones included, else :class:`QueueFull`) and one of ``parallel`` worker threads runs it: its
-``work`` takes a slot (:meth:`SlotPool.take`: the free slot whose cache shares the longest
-prefix with its prompt, llama-server's prompt reuse; where another slot's cache, busy or free,
-holds a longer prefix of it, the slot takes those cells unevaluated,
-:mod:`~pyramid_gguf.native.prefix`), decodes, and hands each result to its reader on that
-thread: the one boundary between the reader and the slot (the reader only queues it, so no
-reader's pace holds up a batch). :meth:`Job.cancel` is the one cancel signal (a reader gone, a
-client gone, the server stopping): the work stops at its next token and the slot is free at
-once; what its cache holds stays for the next prompt that starts the same way.
+:meth:`SlotPool.submit` admits a :class:`Job` (at most ``queue_size`` at once, the running ones
+included, else :class:`QueueFull`) and one of ``parallel`` worker threads runs it: its ``work``
+takes a slot (:meth:`SlotPool.take`: the free slot whose cache shares the longest prefix with its
+prompt, llama-server's prompt reuse; where another slot's cache, busy or free, holds a longer prefix
+of it, the slot takes those cells unevaluated,
+:meth:`~pyramid_gguf.native.model.NativeModel.share_prefix`), decodes, and hands each result to its
+reader on that thread: the one boundary between the reader and the slot (the reader only queues it,
+so no reader's pace holds up a batch). :meth:`Job.cancel` is the one cancel signal (a reader gone, a
+client gone, the server stopping): the work stops at its next token and the slot is free at once;
+what its cache holds stays for the next prompt that starts the same way.
 The one-request path is the same machine with one slot.
 """
 
@@ -29,7 +29,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...native import SequenceView
-from ...native.prefix import can_share, share_prefix
 from .batcher import BatchCounters, Batcher, Load
 from .tiers import Ladder, ModelTier, common_prefix
 
@@ -159,7 +158,7 @@ class SlotPool:
         self._closing = False
         self._completed = self._cancelled = self._rejected = 0
         #: Per model (smallest first): whether its slots' sequences may share a prefix.
-        self._shares = [can_share(m.loaded) for m in models]
+        self._shares = [m.loaded.can_share for m in models]
         self._shared = 0
 
     def _slot_ladder(self, seq: int) -> Ladder:
@@ -289,7 +288,7 @@ class SlotPool:
                             donor, best = other, kept
                 if donor is None:
                     continue
-                share_prefix(tier.loaded, donor.seq, slot.seq, best)
+                tier.loaded.share_prefix(donor.seq, slot.seq, best)
                 if tier.name == "target":
                     self._shared += best - own
 
@@ -360,10 +359,11 @@ def choose(free: Sequence[Slot], prompt: Sequence[int], *, sharing: bool = False
     reuses the most for the least thrown away. The least recently used among equals
     (llama-server picks by prompt similarity, then least recently used).
 
-    ``sharing``: the slots' caches share prefixes (:mod:`~pyramid_gguf.native.prefix`), so a
-    prefix that another slot holds costs nothing wherever the prompt goes; with no cache to
-    continue, the prompt then goes where its own prefix is longest (its conversation's slot,
-    whose tail it rewrites), then where the least is thrown away."""
+    ``sharing``: the slots' caches share prefixes
+    (:meth:`~pyramid_gguf.native.model.NativeModel.share_prefix`), so a prefix that another slot
+    holds costs nothing wherever the prompt goes; with no cache to continue, the prompt then goes
+    where its own prefix is longest (its conversation's slot, whose tail it rewrites), then where
+    the least is thrown away."""
     reuse = {s.seq: s.reuse(prompt) for s in free}
 
     def net(s: Slot) -> tuple[int, int]:

@@ -22,6 +22,17 @@ from ...models.vocab_check import check_same_vocabulary
 from ...native import EvalTimer, ModelSequence, MtpSequence, NativeModel, Vocab
 
 
+def native_depth(tier: ModelTier) -> int | None:
+    """The most tokens of its last evaluation ``tier`` drops natively when its cache cannot
+    simply cut a suffix (a hybrid's ``n_rs_seq`` recurrent-state snapshots,
+    native/rollback.py); None when that does not bound a round: a plain KV cache drops
+    anything for nothing, and a cache without snapshots takes the saved-state path whatever
+    the drop."""
+    loaded = getattr(tier, "loaded", None)  # (a scripted target has no model)
+    depth = int(getattr(loaded, "n_rs_seq", 0))
+    return depth if depth > 0 and getattr(loaded, "snapshot_reason", None) else None
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
