@@ -46,6 +46,34 @@ def echo_text(rng: np.random.Generator) -> tuple[list[int], list[int]]:
     return [int(t) for t in rng.integers(300, 500, 20)], answer
 
 
+def quote() -> tuple[list[int], list[int]]:
+    """A prompt of 120 distinct tokens and an answer that quotes 60 of them."""
+    rng = np.random.default_rng(3)
+    prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
+    return prompt, prompt[40:100]
+
+
+def decode_scripted(
+    target: ScriptedTarget,
+    prompt: list[int],
+    answer: list[int],
+    curve: CostCurve = AVX512,
+    debt: float = 0.0,
+) -> tuple[list[int], AutoScheduler]:
+    """Decode after ``prompt`` with ``auto`` on a ladder of ``target`` alone, priced by
+    ``curve``, until the answer is as long as ``answer`` (``debt``: failed shadows left the
+    budget that much in debt); the tokens decoded and the scheduler."""
+    stats = GenerationStats(mode="auto")
+    sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(answer)))
+    ladder = Ladder(target=cast(ModelTier, target))
+    rounds = AutoScheduler(ladder, SpecConfig(mode="auto"), sampler, stats, {"target": curve})
+    rounds.ledger.shadow_credit = -debt
+    committed = list(prompt)
+    while len(committed) < len(prompt) + len(answer):
+        committed += rounds.run(committed, len(prompt) + len(answer) - len(committed))
+    return committed[len(prompt) :], rounds
+
+
 def test_an_answer_that_quotes_its_prompt_is_copied_in_blocks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -75,21 +103,12 @@ def test_an_answer_copying_its_prompt_bets_whatever_the_budget(
     blocks from it even when failed shadows have left the budget in debt (as RAG answers that
     restate the question do), bounded by its estimates only. Without that rule the debt keeps
     it on plain decoding through the whole copy."""
-    rng = np.random.default_rng(3)
-    prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
-    answer = prompt[40:100]
+    prompt, answer = quote()
 
     def run(debt: float) -> tuple[list[int], AutoStats, int]:
         target = ScriptedTarget([*prompt, *answer], AVX512)
-        stats = GenerationStats(mode="auto")
-        sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(answer)))
-        ladder = Ladder(target=cast(ModelTier, target))
-        rounds = AutoScheduler(ladder, SpecConfig(mode="auto"), sampler, stats, {"target": AVX512})
-        rounds.ledger.shadow_credit = -debt  # failed shadows left the budget in debt
-        committed = list(prompt)
-        while len(committed) < len(prompt) + len(answer):
-            committed += rounds.run(committed, len(prompt) + len(answer) - len(committed))
-        return committed[len(prompt) :], rounds.auto, target.evaluations
+        got, rounds = decode_scripted(target, prompt, answer, debt=debt)
+        return got, rounds.auto, target.evaluations
 
     got, copying, evaluations = run(debt=10.0)
     assert got == answer and copying.shadow_credit < -9
@@ -124,9 +143,7 @@ def test_blocks_on_a_hybrid_target_stay_within_its_snapshots() -> None:
     there, and in longer ones on a plain KV cache (a GPU-like curve: a long block costs little
     more than one token)."""
     flat = CostCurve.shaped(0.03, 0.0002)
-    rng = np.random.default_rng(3)
-    prompt = [int(t) for t in rng.permutation(np.arange(10, 300))[:120]]
-    answer = prompt[40:100]
+    prompt, answer = quote()
 
     class Hybrid:
         n_rs_seq, snapshot_reason = 4, "hybrid"
@@ -137,14 +154,8 @@ def test_blocks_on_a_hybrid_target_stay_within_its_snapshots() -> None:
         blocks = []
         score = target.score
         target.score = lambda c, t: (blocks.append(len(t)), score(c, t))[1]  # type: ignore[method-assign]
-        sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(answer)))
-        ladder = Ladder(target=cast(ModelTier, target))
-        stats = GenerationStats(mode="auto")
-        rounds = AutoScheduler(ladder, SpecConfig(mode="auto"), sampler, stats, {"target": flat})
-        committed = list(prompt)
-        while len(committed) < len(prompt) + len(answer):
-            committed += rounds.run(committed, len(prompt) + len(answer) - len(committed))
-        assert committed[len(prompt) :] == answer
+        got, _ = decode_scripted(target, prompt, answer, flat)
+        assert got == answer
         return max(blocks)
 
     assert longest_block(Hybrid()) <= Hybrid.n_rs_seq

@@ -1,5 +1,5 @@
-"""A streamed token's event written from a prepared template is byte for byte the event built
-from its dict (OpenAI's chunks, llama-server's ``/completion`` chunks, Ollama's lines), and a
+"""A streamed OpenAI chunk written from a prepared template is byte for byte the chunk built
+from its dict, and a
 :class:`~pyramid_gguf.serving.jobs.Reader` hands the event loop every item a slot's thread
 delivers, in order. No model: the shapes and the reader alone."""
 
@@ -12,9 +12,8 @@ import threading
 import pytest
 
 from pyramid_gguf.api import END, GenerationStats, Response, TokenLogprob
-from pyramid_gguf.serving import choices, ollama
+from pyramid_gguf.serving import choices
 from pyramid_gguf.serving.jobs import Reader, Totals
-from pyramid_gguf.serving.llama_server import NativeShape
 from pyramid_gguf.serving.openai import ResponseShape
 from pyramid_gguf.serving.service import sse
 
@@ -41,41 +40,6 @@ def test_a_text_event_is_the_chunk_serialised(chat: bool, logprobs: bool) -> Non
     shape.id = "chatcmpl-other"
     assert shape.text_event("x") == sse(shape.chunk("x"))
     assert '"chatcmpl-other"' in shape.text_event("x")
-
-
-def _native(index: int = 0) -> NativeShape:
-    return NativeShape(
-        model="m",
-        prompt="p",
-        settings={},
-        stops=(),
-        piece=lambda t: b"",
-        n_ctx=128,
-        index=index,
-    )
-
-
-@pytest.mark.parametrize("ids", [[], [7], [1, 22, 333]])
-def test_a_completion_chunk_is_the_partial_serialised(ids: list[int]) -> None:
-    for index in (0, 2):
-        shape = _native(index)
-        for text in TEXTS:
-            step = _step(text, ids)
-            assert shape.partial_event(step) == sse(shape.partial(step))
-    lp = TokenLogprob(7, b"x", -0.5, ((7, b"x", -0.5), (8, b"y", -1.5)))
-    step = _step("x", [7], (lp,))
-    event = _native().partial_event(step)
-    assert event == sse(_native().partial(step))
-    assert "completion_probabilities" in event
-
-
-@pytest.mark.parametrize("chat", [True, False])
-def test_an_ollama_line_is_the_line_serialised(chat: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ollama, "_now", lambda: "2026-11-28T18:00:00.123456Z")
-    answer = ollama.Answer('a "model" é', chat, None)
-    for text in TEXTS:
-        expected = json.dumps(answer.line(text), ensure_ascii=False) + "\n"
-        assert answer.line_event(text) == expected
 
 
 def test_a_reader_gets_every_item_a_thread_delivers_in_order() -> None:

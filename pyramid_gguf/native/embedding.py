@@ -31,7 +31,7 @@ from ..core.errors import ContextOverflow, UserError
 from ..core.files import check_gguf_path
 from ..core.load import MIN_CTX, LoadConfig, check_threads, default_threads
 from . import compute
-from .handles import BatchHandle, ContextHandle, ModelHandle
+from .handles import BatchHandle, ContextHandle, ModelHandle, read_floats
 from .vocab import Vocab
 
 Pooling = Literal["none", "mean", "cls", "last", "rank"]
@@ -324,4 +324,4 @@ class EmbeddingModel:
     def _read(self, ptr: Any, n: int, d: int) -> np.ndarray:
         if not ptr:
             raise RuntimeError(f"llama.cpp returned no embeddings for {self.path.name}")
-        return np.ctypeslib.as_array(ptr, shape=(n, d)).copy()
+        return read_floats(ptr, n, d)

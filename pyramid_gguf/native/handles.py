@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..core.errors import ModelFileError, UserError
@@ -110,6 +111,20 @@ class ModelHandle:
         """The GGUF's ``tokenizer.chat_template``, or None."""
         raw = llama_cpp.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8") if raw else None
+
+
+def copy_floats(out: np.ndarray, ptr: Any) -> None:
+    """Fill ``out`` (C-contiguous float32) with as many floats from the native pointer ``ptr``:
+    one ``memmove`` (``np.ctypeslib.as_array`` builds a ctypes array type per call, which
+    costs more than the copy on a decode's hot path)."""
+    ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
+
+
+def read_floats(ptr: Any, *shape: int) -> np.ndarray:
+    """A float32 copy ``[shape]`` of what the native pointer ``ptr`` holds."""
+    out = np.empty(shape, dtype=np.float32)
+    copy_floats(out, ptr)
+    return out
 
 
 class ContextHandle:

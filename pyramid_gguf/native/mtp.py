@@ -35,6 +35,7 @@ from llama_cpp import llama_cpp_ext
 from ..core.errors import UserError
 from ..core.load import LoadConfig
 from . import compute
+from .handles import copy_floats, read_floats
 from .model import EvalTimer, NativeModel, Part
 from .vocab import Vocab
 
@@ -123,8 +124,7 @@ class MtpSequence:
         ptr = llama_cpp_ext.llama_get_embeddings_nextn(self._tctx)
         if not ptr:
             return
-        rows = np.empty((len(piece), self.n_embd), dtype=np.float32)  # one copy, then views
-        ctypes.memmove(rows.ctypes.data, ptr, rows.nbytes)
+        rows = read_floats(ptr, len(piece), self.n_embd)  # one copy, then views
         for j, (_, pos, seq, _) in enumerate(piece):
             if seq == 0:
                 self._h[pos] = rows[j]
@@ -241,9 +241,9 @@ class MtpSequence:
             tok, pos, _, _, wanted = entries[j]
             if wanted:
                 ptr = llama_cpp.llama_get_logits_ith(self.ctx, j)
-                out[rows[first + j]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                copy_floats(out[rows[first + j]], ptr)
             h = llama_cpp_ext.llama_get_embeddings_nextn_ith(self.ctx, j)
-            self._own[pos] = np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
+            self._own[pos] = read_floats(h, self.n_embd)
         for tok, _, _, kind, _ in entries:
             self._tokens.append(tok)
             self._kinds.append(kind)

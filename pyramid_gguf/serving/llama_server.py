@@ -40,7 +40,7 @@ from ..core.spec import SpecConfig
 from .errors import ApiError
 from .http_errors import LLAMA, router
 from .jobs import Deliver, Reader
-from .openai import decode_steps, json_string, timings
+from .openai import decode_steps, timings
 from .openai_routes import register
 from .schemas import ChatCompletionRequest, ChatMessage, GenerationRequest
 from .service import Service, Submit, service_of, sse, stream
@@ -443,19 +443,6 @@ class NativeShape:
             chunk["completion_probabilities"] = [_probability(lp) for lp in step.logprobs]
         return chunk
 
-    def partial_event(self, step: Response) -> str:
-        """``sse(self.partial(step))``, written without building the chunk's dict when the
-        step has no log-probabilities (a streamed token's per-token work)."""
-        if step.logprobs:
-            return sse(self.partial(step))
-        stats = step.stats
-        return (
-            f'data: {{"index": {self.index}, "content": {json_string(step.text)}, '
-            f'"tokens": [{", ".join(map(str, step.token_ids))}], "stop": false, '
-            f'"tokens_predicted": {stats.generated_tokens}, '
-            f'"tokens_evaluated": {stats.prompt_tokens}}}\n\n'
-        )
-
     def final(self, last: Response, *, stream: bool) -> dict[str, Any]:
         """The last body (streamed: its content and tokens were in the chunks before)."""
         stats = last.stats
@@ -545,7 +532,7 @@ async def _native_events(steps: AsyncIterator[Response], shape: NativeShape) -> 
     async for step in steps:
         shape.add(step)
         if step.text or step.token_ids:
-            yield shape.partial_event(step)
+            yield sse(shape.partial(step))
         if step.finish_reason is not None:
             yield sse(shape.final(step, stream=True))
 

@@ -53,7 +53,7 @@ from ..grammar import check_grammar
 from .errors import ApiError
 from .http_errors import OLLAMA, json_body, router
 from .jobs import Reader
-from .openai import json_string, timings
+from .openai import timings
 from .service import Service, service_of, stream
 
 NDJSON = "application/x-ndjson"
@@ -243,15 +243,6 @@ class Answer:
             return head | {"message": message, "done": False}
         return head | {"response": text, "done": False}
 
-    def line_event(self, text: str) -> str:
-        """``_ndjson(self.line(text))`` of a text delta, written without building its dict (a
-        streamed token's per-token work)."""
-        head = f'{{"model": {json_string(self.model)}, "created_at": {json_string(_now())}, '
-        if self.chat:
-            message = f'{{"role": "assistant", "content": {json_string(text)}}}'
-            return f'{head}"message": {message}, "done": false}}\n'
-        return f'{head}"response": {json_string(text)}, "done": false}}\n'
-
     def last(self, text: str, step: Response, calls: list[dict[str, Any]] | None = None) -> Any:
         end = {"done": True, "done_reason": _done_reason(step.finish_reason)}
         return self.line(text, calls) | end | _durations(step.stats, self.started)
@@ -280,7 +271,7 @@ class Answer:
             else:
                 text = self.calls.feed(step.text).content if self.calls else step.text
                 if text:
-                    yield self.line_event(text)
+                    yield _ndjson(self.line(text))
 
 
 def _ndjson(obj: dict[str, Any]) -> str:
