@@ -33,6 +33,7 @@ from .core.remote import RpcConfig
 from .core.sampling import MAX_TOP_LOGPROBS, SamplingConfig
 from .core.spec import SpecConfig
 from .decoding.pricing.costs import CostCurve
+from .decoding.pricing.estimates import KeepMemory
 from .decoding.runtime.calibrate import Calibration
 from .decoding.runtime.ngram import NGramPool
 from .decoding.runtime.slots import Job, PoolClosed, PoolSnapshot, QueueFull, SlotPool
@@ -89,6 +90,8 @@ class Pyramid(LadderFacts):
         self.spec = spec
         self.name = name
         self.pool = NGramPool() if share_ngrams else None
+        #: What ``auto``'s generations learned of the model chains' keep rates, for the next.
+        self.keep_memory = KeepMemory()
         self.slots = SlotPool(ladder)
         self.chats = Chats(ladder.tier("target"))
         #: A chat's prompt text, and its token ids (:meth:`Chats.render
@@ -259,7 +262,7 @@ class Pyramid(LadderFacts):
         """The steps of ``job`` on its slot's thread (tests wrap it to slow a slot down)."""
         return generation_steps(
             self.slots, job, tokens, sampling, spec, costs=self.costs, pool=self.pool,
-            logprobs=logprobs, special=special,
+            memory=self.keep_memory, logprobs=logprobs, special=special,
         )  # fmt: skip
 
     def stream(

@@ -21,6 +21,7 @@ from pyramid_gguf.decoding.offline.replay import ScriptedTarget, replay, replay_
 from pyramid_gguf.decoding.pricing import policy
 from pyramid_gguf.decoding.pricing.chains import Chain, Keep
 from pyramid_gguf.decoding.pricing.costs import CostCurve
+from pyramid_gguf.decoding.pricing.estimates import CARRY_TRIED, CHAIN_PRIOR, KeepMemory
 from pyramid_gguf.decoding.runtime import ngram
 from pyramid_gguf.decoding.runtime.auto import AutoScheduler
 from pyramid_gguf.decoding.runtime.sampling import Sampler
@@ -217,3 +218,47 @@ def test_auto_skips_pricing_it_can_prove_refused_and_chooses_the_same(
     if agree == 0.0:
         assert "draft" not in cached.auto.choices and cached.auto.outlook["draft"] > 1.03
         assert skipping < calls[0] / 4
+
+
+def test_a_head_too_unsure_to_propose_is_soon_given_up() -> None:
+    """A cheap head (1.4 ms) on a hybrid-like target whose 2-4 token batches cost little more
+    than two tokens, never agreeing and never sure enough to propose (top probability 0.05):
+    each try of its chain withholds the first token and commits what plain decoding would, a
+    draft step dearer. Taught as a refusal, the chain's keep rate falls and auto gives it up
+    after a try or two; untaught, the keep rate's upper bound only grew with the rounds and
+    the chain ran every few rounds to the end (46 of 159 rounds, 0.94x plain decoding)."""
+    costs = {
+        "target": CostCurve((0.025, 0.037, 0.0371, 0.041, 0.0548, 0.06, 0.065, 0.07)),
+        "draft": CostCurve.shaped(0.0014, 0.0013),
+    }
+    r = replay_trace(synthetic_trace(4, n=160, draft=0.0, top=0.05), costs, SpecConfig(mode="auto"))
+    assert r.tokens == list(synthetic_trace(4, n=160).answer)
+    assert rounds_of(r.auto, "draft") <= 3 and r.auto.choices["draft"].proposed == 0
+    assert r.speedup >= 0.98
+
+
+def test_the_next_answer_starts_from_what_the_last_one_learned() -> None:
+    """A loaded ladder's generations share a :class:`KeepMemory`: after one answer taught auto
+    that its draft never agrees (its keep rate worth at most CARRY_TRIED tokens), the next
+    answer never tries the draft at all, where a fresh one tries it again; a draft that agrees
+    is trusted from the next answer's first rounds."""
+    costs = {
+        "target": CostCurve((0.025, 0.037, 0.0371, 0.041, 0.0548, 0.06, 0.065, 0.07)),
+        "draft": CostCurve.shaped(0.0014, 0.0013),
+    }
+    never = synthetic_trace(4, n=160, draft=0.0, top=0.7)
+    memory = KeepMemory()
+    first = replay_trace(never, costs, SpecConfig(mode="auto"), memory=memory)
+    second = replay_trace(never, costs, SpecConfig(mode="auto"), memory=memory)
+    fresh = replay_trace(never, costs, SpecConfig(mode="auto"))
+    assert rounds_of(first.auto, "draft") == rounds_of(fresh.auto, "draft") >= 1
+    assert rounds_of(second.auto, "draft") == 0 and second.speedup >= fresh.speedup
+    carried = memory.start().rates["draft->target"]
+    assert carried.tried <= CARRY_TRIED and carried.mean < CHAIN_PRIOR
+    agrees = synthetic_trace(5, n=160, draft=0.9, top=0.9)
+    memory = KeepMemory()
+    replay_trace(agrees, costs, SpecConfig(mode="auto"), memory=memory)
+    warm = replay_trace(agrees, costs, SpecConfig(mode="auto"), memory=memory)
+    cold = replay_trace(agrees, costs, SpecConfig(mode="auto"))
+    assert warm.tokens == cold.tokens == list(agrees.answer)
+    assert warm.speedup >= cold.speedup

@@ -4,6 +4,7 @@ load settings, re-measured on demand; ``pyramid-gguf calibrate`` prints them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -88,14 +89,16 @@ def test_busy_machine_is_measured_again_and_not_cached(
 
 class _SlowSpell:
     """A model whose evaluation of ``n`` tokens takes ``n`` ms on a fake clock, ten times as
-    long over six evaluations in a row (a neighbour's burst on a shared machine)."""
+    long over six evaluations in a row (a neighbour's burst on a shared machine), or over the
+    evaluations numbered in ``slow``."""
 
     n_vocab = 1000
 
-    def __init__(self, slow_from: int) -> None:
+    def __init__(self, slow_from: int = 0, slow: Collection[int] = ()) -> None:
         self.clock = 0.0
         self.evals = 0
-        self.slow = range(slow_from, slow_from + 6)
+        self.slow = slow or range(slow_from, slow_from + 6)
+        self.sizes: list[int] = []
 
     def reset(self) -> None:
         pass
@@ -105,6 +108,7 @@ class _SlowSpell:
 
     def eval(self, tokens: list[int], rows: object = ()) -> None:
         self.evals += 1
+        self.sizes.append(len(tokens))
         self.clock += len(tokens) * 1e-3 * (10 if self.evals in self.slow else 1)
 
 
@@ -121,6 +125,26 @@ def test_a_slow_spell_does_not_bend_the_curve(
     measured = measure_curve(cast(Any, model))
     assert measured.curve.seconds == pytest.approx([n * 1e-3 for n in range(1, MAX_N + 1)])
     assert not measured.loaded  # one burst is not a busy machine
+
+
+def test_two_spells_on_one_size_are_outvoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two bursts that slow a size in two of its three rounds (here the one-token step, the
+    price of plain decoding) would make its median ten times its cost, and verifying two
+    tokens look cheaper than decoding one: the size is timed again until the timings around
+    its median agree, and the curve is the model's own."""
+    from pyramid_gguf.decoding.runtime import calibrate as module
+
+    per_round = len(module.SIZES)
+    first = 3  # evaluations 1 and 2 are the prefix and the warm-up; round r's n=1 comes first
+    model = _SlowSpell(slow={first, first + per_round})
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: model.clock))
+    measured = measure_curve(cast(Any, model))
+    assert measured.curve(1) == pytest.approx(1e-3) and measured.curve(1) < measured.curve(2)
+    assert measured.curve.seconds == pytest.approx([n * 1e-3 for n in range(1, MAX_N + 1)])
+    # only the spoiled size was timed again
+    extra = model.evals - 2 - module.REPEATS * per_round
+    assert module.EXTRA_REPEATS <= extra <= module.RETRIES * module.EXTRA_REPEATS
+    assert model.sizes[-extra:] == [1] * extra
 
 
 def test_identity_probe_finds_what_the_kernels_keep(tiny_target: Path) -> None:

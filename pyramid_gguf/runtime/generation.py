@@ -13,6 +13,7 @@ from ..core.sampling import SamplingConfig
 from ..core.spec import SpecConfig
 from ..core.textstream import TextStream
 from ..decoding.pricing.costs import CostCurve
+from ..decoding.pricing.estimates import KeepMemory
 from ..decoding.runtime.engine import decode, make_guide, make_scheduler
 from ..decoding.runtime.ngram import NGramPool
 from ..decoding.runtime.sampling import Sampler, log_softmax, top_ids
@@ -34,6 +35,7 @@ def generation_steps(
     *,
     costs: Callable[[], dict[str, CostCurve]],
     pool: NGramPool | None = None,
+    memory: KeepMemory | None = None,
     logprobs: int | None = None,
     special: bool = False,
 ) -> Iterator[Response]:
@@ -42,7 +44,8 @@ def generation_steps(
 
     ``costs``: each tier's cost curve, calibrating when needed (called before a slot is taken:
     calibration needs every slot free). ``pool``: the shared n-gram pool, which this
-    generation's tokens join. ``logprobs``: that many alternatives per token (None: none).
+    generation's tokens join. ``memory``: the keep rates of the ladder's model chains so far,
+    which ``auto`` starts from. ``logprobs``: that many alternatives per token (None: none).
     ``special``: render control tokens in the text (for a tool-call parser)."""
     stats = GenerationStats(mode=spec.mode)
     text = TextStream(sampling.stop)
@@ -61,7 +64,7 @@ def generation_steps(
             guide = make_guide(ladder, sampling, len(tokens))
             scheduler, prefill = make_scheduler(  # a fixed mode's tiers are checked here, once
                 ladder, spec, sampler, stats, costs=curves if spec.info.auto else None,
-                pool=pool, guide=guide, load=slot,
+                pool=pool, guide=guide, load=slot, memory=memory,
             )  # fmt: skip
             rows: list[np.ndarray] | None = [] if logprobs is not None else None
             steps = decode(ladder, tokens, scheduler, prefill, sampler, stats, rows, guide)

@@ -30,6 +30,7 @@ from ...core.sampling import SamplingConfig
 from ...core.spec import SpecConfig
 from ..pricing.costs import CostCurve
 from ..runtime.auto import ROUND_OVERHEAD
+from ..pricing.estimates import KeepMemory
 from ..runtime.engine import make_scheduler
 from ..runtime.sampling import Sampler
 from ..runtime.stats import AutoStats, GenerationStats
@@ -210,11 +211,13 @@ def replay_trace(
     spec: SpecConfig | None = None,
     *,
     first_free: bool = True,
+    memory: KeepMemory | None = None,
 ) -> Replay:
     """Decode ``trace``'s answer greedily with ``spec``'s rounds over scripted tiers: the
     target, and each lower tier of the trace that ``costs`` prices (a placement without a
     qualifier passes no qualifier curve). ``first_free``: the first answer token comes from
-    the prompt's evaluation, as in a real generation, and is not charged."""
+    the prompt's evaluation, as in a real generation, and is not charged. ``memory``: ``auto``
+    starts from (and teaches) these keep rates, as a loaded ladder's next generation does."""
     spec = spec or SpecConfig(mode="auto")
     ids, back = _compact(trace)
     n_vocab = len(back) + OFF_SPAN
@@ -239,7 +242,9 @@ def replay_trace(
     )
     stats = GenerationStats(mode=spec.mode)
     sampler = Sampler(SamplingConfig(temperature=0, max_tokens=len(trace.answer)))
-    scheduler, prefill = make_scheduler(ladder, spec, sampler, stats, costs=dict(costs))
+    scheduler, prefill = make_scheduler(
+        ladder, spec, sampler, stats, costs=dict(costs), memory=memory
+    )
     for tier in prefill:  # the prompt, evaluated before generation starts
         if isinstance(tier, ScriptedTier):
             tier.tokens = list(prompt)

@@ -8,12 +8,15 @@ observations), updated after every verification. Pure Python: no models here.
   each token after a kept one (copying, once it starts, tends to continue).
 - :class:`ChainAcceptance`: per model chain (``draft->target``, ``draft->qualifier``, ...),
   one rate, and a calibration of the draft's own top probability as a per-token predictor.
+- :class:`KeepMemory`: what a loaded ladder's earlier generations learned of its chains, for
+  the next one to start from (worth at most :data:`CARRY_TRIED` tokens).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import threading
 from dataclasses import dataclass, field
 
 
@@ -35,6 +38,11 @@ class Rate:
     def add(self, kept: float, tried: float) -> None:
         self.kept += kept
         self.tried += tried
+
+    def capped(self, tried: float) -> Rate:
+        """The same mean worth at most ``tried`` observations."""
+        scale = min(1.0, tried / self.tried) if self.tried > 0 else 1.0
+        return Rate(self.kept * scale, self.tried * scale)
 
 
 #: Lower bounds of the match-length buckets of :class:`NGramAcceptance`.
@@ -155,3 +163,42 @@ class ChainAcceptance:
     def token(self, top_p: float) -> float:
         """Expected keep probability of one drafted token whose top probability is ``top_p``."""
         return min(1.0, top_p * self.calibration)
+
+    def carried(self, tried: float) -> ChainAcceptance:
+        """A copy to start another generation from: every estimate's mean, each worth at most
+        ``tried`` observations (so the new generation's own text soon outweighs it)."""
+        rates = list(self.rates.items())  # one copy: another slot's generation may add a stage
+        return ChainAcceptance(
+            {stage: r.capped(tried) for stage, r in rates},
+            self.confidence.capped(tried),
+            self.kept_seen.capped(tried),
+        )
+
+
+#: Observations of each keep rate a new generation inherits from the ladder's earlier ones.
+CARRY_TRIED = 24.0
+
+
+class KeepMemory:
+    """A loaded ladder's memory of how its model chains fare, across generations.
+
+    Each generation of ``auto`` starts its :class:`ChainAcceptance` from the last one started
+    (:meth:`start`), each estimate worth at most :data:`CARRY_TRIED` tokens, instead of from the
+    priors: a draft or an MTP head that never agrees is priced as such from the first round of
+    the next request, rather than explored again in each (on a hybrid with a head that never
+    agreed, each new answer's tries cost its first catch-up over the whole prompt), and one that
+    agrees is trusted sooner. Shared by the slots of one ladder (a lock guards the hand-over;
+    the estimates themselves are one generation's, written by its slot alone)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: ChainAcceptance | None = None
+
+    def start(self) -> ChainAcceptance:
+        """The estimates a new generation starts from (and that the next one will start from,
+        as this one teaches them)."""
+        with self._lock:
+            last = self._last
+            fresh = ChainAcceptance() if last is None else last.carried(CARRY_TRIED)
+            self._last = fresh
+        return fresh

@@ -46,7 +46,7 @@ from ...core.spec import SpecConfig
 from ..pricing import policy
 from ..pricing.chains import Chain, Keep, draft_seconds, ladder_chains, price_plain
 from ..pricing.costs import CostCurve
-from ..pricing.estimates import ChainAcceptance
+from ..pricing.estimates import ChainAcceptance, KeepMemory
 from ..pricing.policy import Option, Pick
 from . import drafters
 from .batcher import Load
@@ -121,6 +121,7 @@ class AutoScheduler:
         pool: NGramPool | None = None,
         guide: Guide | None = None,
         load: SlotLoad | None = None,
+        memory: KeepMemory | None = None,
     ) -> None:
         self.spec = spec
         self.costs = costs
@@ -145,7 +146,9 @@ class AutoScheduler:
         }
         #: Chains drafted by models, in the ladder's order (each model drafting, the pyramid).
         self.model_chains = [c for c in self.chains.values() if not c.plain and not c.lookup]
-        self.chain_keep = ChainAcceptance()
+        #: The model chains' keep rates: from the ladder's earlier generations (``memory``),
+        #: else from the priors.
+        self.chain_keep = memory.start() if memory is not None else ChainAcceptance()
         self.overhead = ROUND_OVERHEAD
         #: Most tokens a round proposes: on a hybrid target, no more than its recurrent-state
         #: snapshots let it drop natively (a deeper drop restores a saved state that may be
@@ -480,7 +483,14 @@ class AutoScheduler:
         if lookup is not None:
             lookup.learn(offers[chain.name], r.proposed, r.kept)
             return r.tokens, r.proposed
-        self.chain_keep.record(chain.top.name, r.proposed, r.kept)
+        if r.proposed == 0 and keep is not None:
+            # A lone draft withheld its first token (:meth:`_admit`): the round committed what
+            # plain decoding would, a draft step dearer. Taught as a refused token: nothing
+            # else would teach the chain's keep rate, whose upper bound only grows with the
+            # rounds, and a head too unsure to propose was chosen every few rounds forever.
+            self.chain_keep.record(chain.top.name, 1, 0)
+        else:
+            self.chain_keep.record(chain.top.name, r.proposed, r.kept)
         if isinstance(proposer, DraftProposer) and proposer.top_probs:
             self.chain_keep.record_confidence(proposer.top_probs, r.kept)
         return r.tokens, r.proposed

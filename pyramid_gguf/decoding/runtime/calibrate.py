@@ -14,9 +14,14 @@ back to back on a 2-core EPYC VM).
   after a short prefix, all ``n`` logits rows read, as a verification reads them; the sizes
   are timed in interleaved rounds, so a slow spell of a shared machine spoils one round's
   timings, never most timings of one size (and the median, unlike the fastest, is the cost a
-  generation typically pays). :func:`summarize` keeps what was measured: a curve that
-  flattens or falls (a kernel change, llama.cpp's op offload from 32 tokens on a split tier)
-  stays so, and only a dip within a size's own noise is smoothed.
+  generation typically pays). Two spells can still spoil two of a size's three timings, so a
+  size whose timings around the median spread beyond :data:`LOADED_SPREAD` is timed
+  :data:`EXTRA_REPEATS` more times, up to :data:`RETRIES` times, and keeps the median of all
+  (seen: a hybrid's one-token step timed 24, 35 and 52 ms where it costs 25 ms, which made
+  verifying two tokens look cheaper than plain decoding, so ``auto`` drafted every round
+  with a head that never agreed, at 0.72x plain decoding). :func:`summarize` keeps what was
+  measured: a curve that flattens or falls (a kernel change, llama.cpp's op offload from 32
+  tokens on a split tier) stays so, and only a dip within a size's own noise is smoothed.
 - :func:`probe_identity`: the largest batch whose logits rows are bit-identical to evaluating
   the same tokens one at a time (``--strict-identity`` splits verifications into such batches).
 """
@@ -48,7 +53,8 @@ SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 MAX_N = 64
 #: Largest batch the identity probe tries (``--strict-identity`` splits longer ones).
 IDENTITY_MAX = 16
-CACHE_VERSION = 3
+#: 4: sizes whose timings disagree are timed again (curves of version 3 may hold a spoiled size).
+CACHE_VERSION = 4
 PREFIX = 48
 #: Rounds over :data:`SIZES` (each size keeps its median round).
 REPEATS = 3
@@ -59,6 +65,10 @@ REPEATS = 3
 LOADED_SPREAD = 0.15
 #: Measurements of a tier before giving up on a quiet one.
 ATTEMPTS = 2
+#: Timings added to a size whose timings around the median are noisy (:func:`_settled`), and
+#: how many times: a median of 5, then 7, outvotes 2, then 3, spoiled timings.
+EXTRA_REPEATS = 2
+RETRIES = 2
 #: Seconds of a size's spread that are no sign of load (a thread's wake-up, the timer): tiny
 #: models' evaluations take a millisecond and spread by half of it on any machine.
 JITTER = 1e-3
@@ -66,7 +76,8 @@ JITTER = 1e-3
 
 @dataclass(frozen=True)
 class Timed:
-    """What one size's repeats measured: their median and spread, in seconds."""
+    """What one size's repeats measured: their median and the range of the (at most three)
+    timings around it, in seconds."""
 
     n: int
     median: float
@@ -125,6 +136,25 @@ def _tokens(model: NativeModel, count: int, seed: int) -> list[int]:
     return [int(t) for t in rng.integers(low, max(low + 1, model.n_vocab - 1), size=count)]
 
 
+def _middle(samples: Sequence[float]) -> list[float]:
+    """The three timings around the median (all of them when there are three or fewer)."""
+    ordered = sorted(samples)
+    cut = max((len(ordered) - 3) // 2, 0)
+    return ordered[cut : len(ordered) - cut]
+
+
+def _timed(n: int, samples: Sequence[float]) -> Timed:
+    """Size ``n``'s median and the range of the timings around it (:func:`_middle`): its noise
+    once outvoted outliers are set aside."""
+    middle = _middle(samples)
+    return Timed(n, float(np.median(samples)), float(middle[0]), float(middle[-1]))
+
+
+def _settled(samples: Sequence[float]) -> bool:
+    """Whether a size's timings agree around their median (spread within :data:`LOADED_SPREAD`)."""
+    return _timed(0, samples).spread <= LOADED_SPREAD
+
+
 def summarize(rounds: Mapping[int, Sequence[float]]) -> Measured:
     """The cost curve of timings ``rounds[n]`` (seconds of each repeat at size ``n``).
 
@@ -134,10 +164,7 @@ def summarize(rounds: Mapping[int, Sequence[float]]) -> Measured:
     measured, and smoothing never lifts a point above its measurement by more than noise.
     Sizes between measured ones are interpolated linearly.
     """
-    timed = tuple(
-        Timed(n, float(np.median(r)), float(min(r)), float(max(r)))
-        for n, r in sorted(rounds.items())
-    )
+    timed = tuple(_timed(n, r) for n, r in sorted(rounds.items()))
     values: list[float] = []
     for t in timed:
         value = t.median
@@ -159,7 +186,8 @@ def measure_curve(
     prefix: int = PREFIX,
 ) -> Measured:
     """Time one evaluation of ``n`` tokens at each of ``sizes`` (``repeats`` rounds over all of
-    them, interleaved), all ``n`` logits rows read as a verification reads them, after a
+    them, interleaved, then :data:`EXTRA_REPEATS` more of the sizes not yet settled, up to
+    :data:`RETRIES` times), all ``n`` logits rows read as a verification reads them, after a
     ``prefix``; :func:`summarize` makes the curve (the cache is emptied after)."""
     prefix_tokens = _tokens(model, prefix, seed=1)
     batch = _tokens(model, max(sizes), seed=2)
@@ -167,12 +195,22 @@ def measure_curve(
     model.eval(prefix_tokens)
     model.eval(batch[:4], range(4))  # warm-up: weights paged in, buffers allocated
     rounds: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
+
+    def time_round(ns: Sequence[int]) -> None:
+        for n in ns:
             model.rollback(prefix)
             t0 = time.perf_counter()
             model.eval(batch[:n], range(n))
             rounds[n].append(time.perf_counter() - t0)
+
+    for _ in range(repeats):
+        time_round(sizes)
+    for _ in range(RETRIES):
+        noisy = [n for n in sizes if not _settled(rounds[n])]
+        if not noisy:
+            break
+        for _ in range(EXTRA_REPEATS):
+            time_round(noisy)
     model.reset()
     return summarize(rounds)
 

@@ -21,6 +21,7 @@ from ...core.sampling import SamplingConfig
 from ...core.spec import SpecConfig
 from ...native import grammar_tokenizer
 from ..pricing.costs import CostCurve
+from ..pricing.estimates import KeepMemory
 from .guide import Guide
 from .ngram import NGramPool
 from .rounds import Scheduler, fixed_scheduler
@@ -42,19 +43,21 @@ def make_scheduler(
     pool: NGramPool | None = None,
     guide: Guide | None = None,
     load: SlotLoad | None = None,
+    memory: KeepMemory | None = None,
 ) -> tuple[Scheduler, list[ModelTier]]:
     """The scheduler of ``spec.mode``'s rounds and the tiers to prefill with the prompt.
 
     ``auto`` needs ``costs`` (each tier's :class:`CostCurve`, by tier name) and prices its
     rounds against the batch of parallel slots ``load`` says it rides in; ``pool`` lets the
-    n-gram drafter search earlier requests; ``guide`` constrains every round (a grammar).
+    n-gram drafter search earlier requests; ``guide`` constrains every round (a grammar);
+    ``memory``: what the ladder's earlier generations taught ``auto`` of its model chains.
     """
     if spec.info.auto:
         from .auto import AutoScheduler
 
         if costs is None:
             raise ValueError("mode auto needs the tiers' cost curves")
-        auto = AutoScheduler(ladder, spec, sampler, stats, costs, pool, guide, load)
+        auto = AutoScheduler(ladder, spec, sampler, stats, costs, pool, guide, load, memory)
         return auto, [ladder.target]
     return fixed_scheduler(ladder, spec, sampler, stats, pool, guide)
 
