@@ -29,8 +29,8 @@ import numpy as np
 from ...core.sampling import SamplingConfig
 from ...core.spec import SpecConfig
 from ..pricing.costs import CostCurve
-from ..runtime.auto import ROUND_OVERHEAD
 from ..pricing.estimates import KeepMemory
+from ..runtime.auto import ROUND_OVERHEAD
 from ..runtime.engine import make_scheduler
 from ..runtime.sampling import Sampler
 from ..runtime.stats import AutoStats, GenerationStats
