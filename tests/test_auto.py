@@ -240,8 +240,9 @@ def test_a_head_too_unsure_to_propose_is_soon_given_up() -> None:
 def test_the_next_answer_starts_from_what_the_last_one_learned() -> None:
     """A loaded ladder's generations share a :class:`KeepMemory`: after one answer taught auto
     that its draft never agrees (its keep rate worth at most CARRY_TRIED tokens), the next
-    answer never tries the draft at all, where a fresh one tries it again; a draft that agrees
-    is trusted from the next answer's first rounds."""
+    answer with the same knobs and sampling never tries the draft at all, where a fresh one (or
+    one of other knobs) tries it again; a draft that agrees is trusted from the next answer's
+    first rounds."""
     costs = {
         "target": CostCurve((0.025, 0.037, 0.0371, 0.041, 0.0548, 0.06, 0.065, 0.07)),
         "draft": CostCurve.shaped(0.0014, 0.0013),
@@ -253,8 +254,12 @@ def test_the_next_answer_starts_from_what_the_last_one_learned() -> None:
     fresh = replay_trace(never, costs, SpecConfig(mode="auto"))
     assert rounds_of(first.auto, "draft") == rounds_of(fresh.auto, "draft") >= 1
     assert rounds_of(second.auto, "draft") == 0 and second.speedup >= fresh.speedup
-    carried = memory.start().rates["draft->target"]
+    carried = memory.start((SpecConfig(mode="auto"), True)).rates["draft->target"]
     assert carried.tried <= CARRY_TRIED and carried.mean < CHAIN_PRIOR
+    # other knobs, or sampling, learn on their own: they start from the priors
+    assert not memory.start((SpecConfig(mode="auto"), False)).rates
+    other = replay_trace(never, costs, SpecConfig(mode="auto", max_block=8), memory=memory)
+    assert rounds_of(other.auto, "draft") == rounds_of(fresh.auto, "draft")
     agrees = synthetic_trace(5, n=160, draft=0.9, top=0.9)
     memory = KeepMemory()
     replay_trace(agrees, costs, SpecConfig(mode="auto"), memory=memory)

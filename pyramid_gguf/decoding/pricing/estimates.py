@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 
@@ -183,22 +184,24 @@ class KeepMemory:
     """A loaded ladder's memory of how its model chains fare, across generations.
 
     Each generation of ``auto`` starts its :class:`ChainAcceptance` from the last one started
-    (:meth:`start`), each estimate worth at most :data:`CARRY_TRIED` tokens, instead of from the
-    priors: a draft or an MTP head that never agrees is priced as such from the first round of
-    the next request, rather than explored again in each (on a hybrid with a head that never
-    agreed, each new answer's tries cost its first catch-up over the whole prompt), and one that
-    agrees is trusted sooner. Shared by the slots of one ladder (a lock guards the hand-over;
-    the estimates themselves are one generation's, written by its slot alone)."""
+    with the same ``key`` (:meth:`start`; ``auto`` keys by its knobs and whether it samples:
+    a greedy answer keeps what a sampled one would not, and two ``bench`` rows of other knobs
+    do not teach each other), each estimate worth at most :data:`CARRY_TRIED` tokens, instead
+    of from the priors: a draft or an MTP head that never agrees is priced as such from the
+    first round of the next request, rather than explored again in each (on a hybrid with a head
+    that never agreed, each new answer's tries cost its first catch-up over the whole prompt),
+    and one that agrees is trusted sooner. Shared by the slots of one ladder (a lock guards the
+    hand-over; the estimates themselves are one generation's, written by its slot alone)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: ChainAcceptance | None = None
+        self._last: dict[Hashable, ChainAcceptance] = {}
 
-    def start(self) -> ChainAcceptance:
-        """The estimates a new generation starts from (and that the next one will start from,
-        as this one teaches them)."""
+    def start(self, key: Hashable = None) -> ChainAcceptance:
+        """The estimates a new generation of ``key`` starts from (and that the next one of
+        ``key`` will start from, as this one teaches them)."""
         with self._lock:
-            last = self._last
+            last = self._last.get(key)
             fresh = ChainAcceptance() if last is None else last.carried(CARRY_TRIED)
-            self._last = fresh
+            self._last[key] = fresh
         return fresh

@@ -146,9 +146,11 @@ class AutoScheduler:
         }
         #: Chains drafted by models, in the ladder's order (each model drafting, the pyramid).
         self.model_chains = [c for c in self.chains.values() if not c.plain and not c.lookup]
-        #: The model chains' keep rates: from the ladder's earlier generations (``memory``),
-        #: else from the priors.
-        self.chain_keep = memory.start() if memory is not None else ChainAcceptance()
+        #: The model chains' keep rates: from the ladder's earlier generations of these knobs
+        #: and this kind of sampling (``memory``), else from the priors.
+        self.chain_keep = (
+            memory.start((spec, sampler.greedy)) if memory is not None else ChainAcceptance()
+        )
         self.overhead = ROUND_OVERHEAD
         #: Most tokens a round proposes: on a hybrid target, no more than its recurrent-state
         #: snapshots let it drop natively (a deeper drop restores a saved state that may be
