@@ -220,6 +220,14 @@ def test_auto_skips_pricing_it_can_prove_refused_and_chooses_the_same(
         assert skipping < calls[0] / 4
 
 
+#: The synthetic hybrid's curve as measured on a 2-core Xeon (2-4 token batches cost little more
+#: than two tokens) and its MTP head's (1.4 ms a token).
+HYBRID_HEAD = {
+    "target": CostCurve((0.025, 0.037, 0.0371, 0.041, 0.0548, 0.06, 0.065, 0.07)),
+    "draft": CostCurve.shaped(0.0014, 0.0013),
+}
+
+
 def test_a_head_too_unsure_to_propose_is_soon_given_up() -> None:
     """A cheap head (1.4 ms) on a hybrid-like target whose 2-4 token batches cost little more
     than two tokens, never agreeing and never sure enough to propose (top probability 0.05):
@@ -227,10 +235,7 @@ def test_a_head_too_unsure_to_propose_is_soon_given_up() -> None:
     draft step dearer. Taught as a refusal, the chain's keep rate falls and auto gives it up
     after a try or two; untaught, the keep rate's upper bound only grew with the rounds and
     the chain ran every few rounds to the end (46 of 159 rounds, 0.94x plain decoding)."""
-    costs = {
-        "target": CostCurve((0.025, 0.037, 0.0371, 0.041, 0.0548, 0.06, 0.065, 0.07)),
-        "draft": CostCurve.shaped(0.0014, 0.0013),
-    }
+    costs = HYBRID_HEAD
     r = replay_trace(synthetic_trace(4, n=160, draft=0.0, top=0.05), costs, SpecConfig(mode="auto"))
     assert r.tokens == list(synthetic_trace(4, n=160).answer)
     assert rounds_of(r.auto, "draft") <= 3 and r.auto.choices["draft"].proposed == 0
@@ -243,10 +248,7 @@ def test_the_next_answer_starts_from_what_the_last_one_learned() -> None:
     answer with the same knobs and sampling never tries the draft at all, where a fresh one (or
     one of other knobs) tries it again; a draft that agrees is trusted from the next answer's
     first rounds."""
-    costs = {
-        "target": CostCurve((0.025, 0.037, 0.0371, 0.041, 0.0548, 0.06, 0.065, 0.07)),
-        "draft": CostCurve.shaped(0.0014, 0.0013),
-    }
+    costs = HYBRID_HEAD
     never = synthetic_trace(4, n=160, draft=0.0, top=0.7)
     memory = KeepMemory()
     first = replay_trace(never, costs, SpecConfig(mode="auto"), memory=memory)

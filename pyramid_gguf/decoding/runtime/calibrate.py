@@ -86,7 +86,8 @@ class Timed:
 
     @property
     def spread(self) -> float:
-        """(slowest - fastest) / median, less :data:`JITTER`: this size's noise, relative."""
+        """(high - low) / median, less :data:`JITTER`: this size's noise, relative (the range
+        of the timings around the median, outvoted outliers set aside)."""
         return max(self.high - self.low - JITTER, 0.0) / self.median if self.median > 0 else 0.0
 
 
