@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 from pyramid_gguf import LoadConfig, Pyramid, SamplingConfig, SpecConfig
 from pyramid_gguf.bench.prompts import TEXT_SETS, load_prompt_sets
+from pyramid_gguf.core.errors import UserError
 
 
 def main() -> None:
@@ -41,10 +43,14 @@ def main() -> None:
     args = ap.parse_args()
     load = LoadConfig(n_ctx=args.ctx_size, n_threads=args.threads, n_threads_batch=args.threads)
     draft = None if args.draft == "none" else args.draft
-    pyramids = {
-        "plain": Pyramid.from_paths(args.target, load=load, spec=SpecConfig(mode="target")),
-        "auto": Pyramid.from_paths(args.target, draft=draft, load=load, spec=SpecConfig()),
-    }
+    try:  # a missing or non-GGUF file, a head the target lacks: one line
+        pyramids = {
+            "plain": Pyramid.from_paths(args.target, load=load, spec=SpecConfig(mode="target")),
+            "auto": Pyramid.from_paths(args.target, draft=draft, load=load, spec=SpecConfig()),
+        }
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     sampling = SamplingConfig(temperature=0.0, max_tokens=args.n, ignore_eos=True)
     prompts: dict[str, str] = {}
     for p in load_prompt_sets(TEXT_SETS):
