@@ -31,9 +31,17 @@ the goals: ours all at once >= 1.5x ours one at a time, >= 1.0x llama-server all
 ours worst TTFT all at once <= 4x ours solo TTFT (the median one-at-a-time TTFT) + 2 s.
 ``--json`` keeps every request's record.
 
+Ours runs with ``--no-ngram-pool`` unless ``--ngram-pool``: each phase sends the prompts
+the other phase sent, and the pool would draft every answer from the same prompt's earlier one
+(up to 2.5x llama-server all at once on a 2-core Xeon, against about 1.0x without it; llama-server
+has no such recall). ``--ours-arg`` passes more flags to ours. On a VM whose
+speed drifts between minutes, ``scripts/paired_serving.py`` (both loaded, each request sent to
+both in turn) gives the ratio this script's whole-run pairs blur.
+
     python scripts/parallel_bench.py --peer-home ~/.cache/llama-peer [--parallel 4] \\
         [--max-tokens 128] [--threads 2] [--mode auto] [--draft GGUF] [--repeats 1] \\
-        [--only ours|peer | --skip-peer] [--together-first] [--json out.json]
+        [--only ours|peer | --skip-peer] [--together-first] [--ngram-pool] [--ours-arg=FLAG] \\
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -198,6 +206,9 @@ def ours_cmd(args: argparse.Namespace, port: int) -> list[str]:
     cmd += ["--mode", args.mode]
     if args.draft is not None:
         cmd += ["--draft", str(args.draft)]
+    if not args.ngram_pool:  # the prompts come again: the pool would recall their answers
+        cmd.append("--no-ngram-pool")
+    cmd += [flag for extra in args.ours_arg for flag in extra.split()]
     return [*cmd, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
 
 
@@ -616,6 +627,18 @@ def main() -> None:
     ap.add_argument("--peer-home", type=Path, default=Path("~/.cache/llama-peer"))
     ap.add_argument("--mode", default="auto", help="ours: --mode")
     ap.add_argument("--draft", type=Path, default=None, help="ours: --draft GGUF|ngram")
+    ap.add_argument(
+        "--ours-arg",
+        action="append",
+        default=[],
+        help="more flags for ours' serve (repeatable), e.g. --ours-arg=--no-ngram-pool",
+    )
+    ap.add_argument(
+        "--ngram-pool",
+        action="store_true",
+        help="keep ours' n-gram pool: the second phase's prompts are the first's, so it drafts "
+        "their answers from them (llama-server cannot)",
+    )
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", choices=("ours", "peer"), default=None)
     ap.add_argument("--skip-peer", action="store_true", help="the same as --only ours")
