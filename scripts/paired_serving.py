@@ -42,7 +42,6 @@ from types import FrameType
 import httpx
 from common import free_port, geomean, peer_bin
 from parallel_bench import (
-    DEFAULT_MODEL,
     READY,
     REQUEST_TIMEOUT,
     Phase,
@@ -54,6 +53,7 @@ from parallel_bench import (
     ours_env,
     peer_cmd,
     prompts,
+    server_args,
     split_line,
     timed_phase,
 )
@@ -153,12 +153,24 @@ def bars(
     ]
 
 
+def in_turn(index: int, repeat: int) -> tuple[str, str]:
+    """Both sides, the one measured first (:func:`first_side`) first."""
+    first = first_side(index, repeat)
+    return first, next(s for s in SIDES if s != first)
+
+
+def checked(side: str, phase: Phase) -> Phase:
+    """``phase``, or a one-line exit naming ``side``'s first failed request."""
+    errors = [rec.error for rec in phase.records if rec.error]
+    if errors:
+        raise SystemExit(f"error: {side}: {len(errors)} request(s) failed: {errors[0]}")
+    return phase
+
+
 def one_request(args: argparse.Namespace, base: str, text: str, index: int) -> Phase:
     """One streamed chat on a fresh connection, as a phase of one request."""
     with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
         rec: Record = chat(client, base, body(args, text, args.max_tokens), index)
-    if rec.error:
-        raise SystemExit(f"error: request {index} to {base} failed: {rec.error}")
     return Phase([rec], rec.wall)
 
 
@@ -186,20 +198,17 @@ def measure(args: argparse.Namespace, servers: dict[str, ServerProcess]) -> list
     pairs: list[Pair] = []
     for r in range(args.repeats):
         for i, text in enumerate(texts):
-            first = first_side(i, r)
-            got = {}
-            for side in (first, *[s for s in SIDES if s != first]):
-                got[side] = one_request(args, servers[side].base, text, i)
-            pairs.append(Pair("solo", r, first, got["ours"], got["peer"]))
+            got = {
+                side: checked(side, one_request(args, servers[side].base, text, i))
+                for side in in_turn(i, r)
+            }
+            pairs.append(Pair("solo", r, first_side(i, r), got["ours"], got["peer"]))
             print(f"  repeat {r + 1} prompt {i}: one at a time {pairs[-1].ratio:.3f}x", flush=True)
-        first = first_side(0, r)
-        got = {}
-        for side in (first, *[s for s in SIDES if s != first]):
-            got[side] = timed_phase(args, servers[side].base, texts, True, side == "ours")
-            errors = [rec.error for rec in got[side].records if rec.error]
-            if errors:
-                raise SystemExit(f"error: {side}: {len(errors)} request(s) failed: {errors[0]}")
-        pairs.append(Pair("together", r, first, got["ours"], got["peer"]))
+        got = {
+            side: checked(side, timed_phase(args, servers[side].base, texts, True, side == "ours"))
+            for side in in_turn(0, r)
+        }
+        pairs.append(Pair("together", r, first_side(0, r), got["ours"], got["peer"]))
         print(
             f"  repeat {r + 1}: all at once {got['ours'].tok_s:.2f} vs "
             f"{got['peer'].tok_s:.2f} tok/s, {pairs[-1].ratio:.3f}x",
@@ -229,21 +238,9 @@ def report(args: argparse.Namespace, pairs: list[Pair]) -> tuple[Verdict, Verdic
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=Path(DEFAULT_MODEL))
-    ap.add_argument("--parallel", type=int, default=4, help="slots, and prompts all at once")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ctx-size", type=int, default=4096, help="context per slot, in tokens")
-    ap.add_argument("--peer-home", type=Path, default=Path("~/.cache/llama-peer"))
-    ap.add_argument("--mode", default="target", help="ours: --mode")
-    ap.add_argument("--draft", type=Path, default=None, help="ours: --draft GGUF|ngram")
-    ap.add_argument("--ours-arg", action="append", default=[], help="more flags for ours")
+    server_args(ap, ctx_size=4096, mode="target")
     ap.add_argument("--against-mode", default=None, help="pair with ours in this --mode")
-    ap.add_argument(
-        "--ngram-pool", action="store_true", help="keep ours' n-gram pool (recalls answers)"
-    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     args.model, args.peer_home = args.model.expanduser(), args.peer_home.expanduser()
     if args.parallel < 1 or args.repeats < 1 or args.max_tokens < 1:

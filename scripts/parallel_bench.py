@@ -617,15 +617,15 @@ def print_table(summary: dict[str, dict[str, Any]], n: int) -> None:
         print(f"{verdict}  {what}: {numbers}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def server_args(ap: argparse.ArgumentParser, *, ctx_size: int, mode: str) -> None:
+    """The flags that say which servers run and how (both serving benchmarks take them)."""
     ap.add_argument("--model", type=Path, default=Path(DEFAULT_MODEL))
-    ap.add_argument("--parallel", type=int, default=4, help="slots, and prompts per phase")
+    ap.add_argument("--parallel", type=int, default=4, help="slots, and prompts all at once")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ctx-size", type=int, default=2048, help="context per slot, in tokens")
+    ap.add_argument("--ctx-size", type=int, default=ctx_size, help="context per slot, in tokens")
     ap.add_argument("--peer-home", type=Path, default=Path("~/.cache/llama-peer"))
-    ap.add_argument("--mode", default="auto", help="ours: --mode")
+    ap.add_argument("--mode", default=mode, help="ours: --mode")
     ap.add_argument("--draft", type=Path, default=None, help="ours: --draft GGUF|ngram")
     ap.add_argument(
         "--ours-arg",
@@ -636,9 +636,15 @@ def main() -> None:
     ap.add_argument(
         "--ngram-pool",
         action="store_true",
-        help="keep ours' n-gram pool: the second phase's prompts are the first's, so it drafts "
-        "their answers from them (llama-server cannot)",
+        help="keep ours' n-gram pool: the prompts are sent more than once, so it drafts their "
+        "answers from the earlier ones (llama-server cannot)",
     )
+    ap.add_argument("--json", type=Path, default=None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    server_args(ap, ctx_size=2048, mode="auto")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", choices=("ours", "peer"), default=None)
     ap.add_argument("--skip-peer", action="store_true", help="the same as --only ours")
@@ -647,7 +653,6 @@ def main() -> None:
         action="store_true",
         help="run all at once before one at a time (its prompts not yet in any prompt cache)",
     )
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     args.model = args.model.expanduser()
     args.peer_home = args.peer_home.expanduser()
