@@ -178,11 +178,14 @@ class Pyramid(LadderFacts):
                   ) -> dict[str, Calibration]:  # fmt: skip
         """Each tier's batch cost curve (and, with ``strict_identity``, the target's identity
         probe), measured once per machine and cached; ``refresh`` measures again (once every
-        slot is free: it evaluates on the models' contexts)."""
+        slot is free: it evaluates on the models' contexts). From then on the slots' batches
+        are padded where a curve says a few more rows cost less."""
         with self._calibrating:
             if self._calibration is None or refresh:
                 with self.slots.exclusive():
                     self._calibration = calibrate_ladder(self.ladder, refresh=refresh, say=say)
+                # the slots' batches take the padding rows their measured curves say pay
+                self.slots.batcher.use_costs({k: c.curve for k, c in self._calibration.items()})
             return self._calibration
 
     def costs(self) -> dict[str, CostCurve]:

@@ -413,7 +413,8 @@ SHARED = (
 
 def step_split(m: dict[str, float]) -> dict[str, float]:
     """Per step, in ms: the parts of a step (all batches), of a batch of several slots and the
-    gap before it, and the share of those several-slot steps outside ``llama_decode``."""
+    gap before it, and the share of those several-slot steps outside ``llama_decode``; and the
+    padding rows the batches carried."""
     out: dict[str, float] = {}
     if not m:
         return out
@@ -432,6 +433,7 @@ def step_split(m: dict[str, float]) -> dict[str, float]:
     out["shared outside"] = 1 - dec / total if total else 0.0
     out["slot wake"] = 1000 * m.get("slot_wake_seconds_total", 0.0) / n if n else 0.0
     out["slot work"] = 1000 * m.get("slot_work_seconds_total", 0.0) / n if n else 0.0
+    out["padding rows"] = m.get("batch_padding_rows_total", 0.0)
     return out
 
 
@@ -448,6 +450,8 @@ def split_line(name: str, m: dict[str, float]) -> str:
             f"{s['shared rest of batch']:.1f}, between {s['shared between batches']:.1f} "
             f"({100 * s['shared outside']:.1f}% outside llama_decode)"
         )
+    if s["padding rows"]:
+        line += f"; {s['padding rows']:.0f} padding rows (a cheaper kernel)"
     return line
 
 

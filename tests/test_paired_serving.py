@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import paired_serving as ps  # noqa: E402
-from parallel_bench import Phase, Record, ours_cmd  # noqa: E402
+from parallel_bench import Phase, Record, ours_cmd, split_line  # noqa: E402
 
 
 def phase(tokens: int, wall: float, ttft: float = 0.1) -> Phase:
@@ -134,3 +134,17 @@ def test_bad_flags_are_one_line_errors(flags: list[str], tmp_path: Path) -> None
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("error: ")
+
+
+def test_the_step_split_shows_the_padding_rows_only_when_there_were_some() -> None:
+    m = {
+        "n_decode_total": 10.0,
+        "shared_steps_total": 8.0,
+        'step_seconds_total{part="llama_decode"}': 1.2,
+        'shared_step_seconds_total{part="llama_decode"}': 1.0,
+        'shared_step_seconds_total{part="between"}': 0.02,
+    }
+    plain = split_line("ours", m)
+    assert "per batch ms: llama_decode 120.0" in plain and "padding" not in plain
+    padded = split_line("ours", {**m, "batch_padding_rows_total": 6.0})
+    assert padded.endswith("; 6 padding rows (a cheaper kernel)")

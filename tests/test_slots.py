@@ -6,6 +6,9 @@
   (bit-identical under ``--strict-identity``; up to near-ties of the batch kernels otherwise),
   for every lossless mode; sampled ones follow the target's distribution (chi-square); their
   model calls really share batches.
+- Padding: rows added to a batch for a cheaper kernel (where the measured curve says more
+  rows cost less) leave every cache as it was and every answer the target's; never under
+  ``--strict-identity``; ``auto`` prices the padded curve the batcher pays.
 - Slots: a long prompt joins in chunks while others decode; a prompt goes to the slot whose
   cache it continues (a new conversation to an empty slot, which takes the prefix another
   slot's cache holds, in every tier, without evaluating it); a request cancelled while waiting
@@ -49,11 +52,13 @@ from pyramid_gguf.decoding.pricing.chains import ladder_chains, price_plain
 from pyramid_gguf.decoding.pricing.costs import CostCurve
 from pyramid_gguf.decoding.runtime import batcher as batcher_module
 from pyramid_gguf.decoding.runtime.batcher import Load
+from pyramid_gguf.decoding.runtime.calibrate import Calibration
 from pyramid_gguf.decoding.runtime.engine import decode, make_scheduler
 from pyramid_gguf.decoding.runtime.sampling import Sampler
 from pyramid_gguf.decoding.runtime.slots import Job, Slot, choose
 from pyramid_gguf.decoding.runtime.stats import GenerationStats
 from pyramid_gguf.native import NativeModel, Part
+from pyramid_gguf.runtime.calibration import priced_costs
 
 SLOTS = 4
 GREEDY = SamplingConfig(temperature=0, max_tokens=40, ignore_eos=True)
@@ -128,6 +133,38 @@ def test_sequences_in_one_batch_get_the_rows_they_get_alone(native: NativeModel)
     assert native.held(1) == prompts[1][:2] and native.held(2) == [*prompts[2], 3]
     native.rollback(len(prompts[2]), seq=2)
     np.testing.assert_allclose(native.eval([3], [0], seq=2)[0], before, atol=1e-5)
+    native.reset()
+
+
+def test_padding_rows_leave_every_cache_as_it_was(native: NativeModel) -> None:
+    """Rows added for a cheaper kernel are evaluated with the batch and dropped right after:
+    no sequence holds them, and what each sequence evaluates next is what it gets unpadded
+    (a padding cell left in the cache would be a second token at the next position)."""
+    prompts = [[1, 5 + s, 9, 13 + s] for s in range(3)]
+
+    def run(pad: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        native.reset()
+        native.eval_parts([Part(s, pr) for s, pr in enumerate(prompts)])
+        step = native.eval_parts([Part(s, [20 + s], [0]) for s in range(3)], pad=pad)
+        held = [list(native.held(s)) for s in range(3)]
+        after = [native.eval([30 + s], [0], seq=s)[0] for s in range(3)]
+        assert held == [[*pr, 20 + s] for s, pr in enumerate(prompts)]
+        return step, after
+
+    before = native.timer.padded
+    plain_step, plain_after = run(0)
+    assert native.timer.padded == before
+    padded_step, padded_after = run(3)
+    assert native.timer.padded == before + 3
+    for a, b in zip([*plain_step, *plain_after], [*padded_step, *padded_after], strict=True):
+        np.testing.assert_allclose(a, b, atol=kernel_atol(1e-3))
+    # no padding for a batch of more than one call, nor past the end of the sequence's room
+    native.reset()
+    tokens = [1 + i % 40 for i in range(native.n_ctx)]
+    native.eval_parts([Part(0, tokens[: native.n_batch + 1])], pad=2)
+    native.eval(tokens[native.n_batch + 1 : native.n_ctx - 20], seq=0)
+    native.eval_parts([Part(0, tokens[-20:-2])], pad=4)  # one call, two cells short of room
+    assert native.timer.padded == before + 3 and len(native.held(0)) == native.n_ctx - 2
     native.reset()
 
 
@@ -453,6 +490,52 @@ def test_one_admission_bounds_the_queue_and_steps_come_from_the_slots_thread(
 
 
 # --- pricing against the batch ------------------------------------------------------------------
+
+
+def test_padding_where_the_curve_says_more_rows_cost_less() -> None:
+    # repacked weights multiplied four rows at a time: 3 and 7 rows cost more than 4 and 8
+    saw = CostCurve((0.083, 0.120, 0.163, 0.142, 0.180, 0.213, 0.254, 0.241, 0.29, 0.32))
+    assert [saw.padding(n) for n in range(1, 11)] == [0, 0, 1, 0, 0, 0, 1, 0, 0, 0]
+    assert saw.padding(0) == 0 and saw.padding(10) == 0  # nothing measured beyond 10
+    assert saw.padding(3, gain=0.2) == 0  # 13% saved: under the asked gain
+    assert saw.with_chunk(4).padding(3) == 0  # --strict-identity: batches run as alone
+    assert CostCurve.shaped(1.0, 0.5).padding(3) == 0
+    padded = saw.padded()
+    assert padded(3) == saw(4) and padded(7) == saw(8) and padded(5) == saw(5)
+    assert all(padded(n) <= padded(n + 1) for n in range(1, 4))
+
+
+def test_a_batch_is_padded_where_its_curve_says_it_pays(ladder: Callable[..., Pyramid]) -> None:
+    """Three slots decoding on a curve where four rows cost less than three: their batches
+    carry a padding row, and the answers stay the target's (up to the kernels' near-ties);
+    with a curve where more rows cost more, or under strict identity, none."""
+    saw = CostCurve((1.0, 1.5, 2.0, 1.6, 2.5, 3.0, 3.5, 4.0))
+    prompts_text = PROMPTS[:3]
+    for strict, curve, padded in ((False, saw, True), (False, CostCurve.shaped(1.0, 0.5), False),
+                                  (True, saw, False)):  # fmt: skip
+        with ladder("target", strict=strict) as p:
+            prompts = [p.tokenize(t) for t in prompts_text]
+            solo = [p.generate(pr, GREEDY).token_ids for pr in prompts]
+            p.slots.batcher.use_costs({"target": curve})
+            got = together(p, prompts, GREEDY)
+            rows = p.snapshot().batches.padded
+            assert (rows > 0) == padded, (strict, curve, rows)
+            for pr, a, b in zip(prompts, got, solo, strict=True):
+                assert_same_or_near_tie(p, pr, a, b, TINY_TIE)
+            if strict:
+                assert got == solo
+
+
+def test_auto_prices_the_padded_curve(ladder: Callable[..., Pyramid]) -> None:
+    """What ``auto`` prices is what the batcher pays: a padded tier's curve is ``c(n + pad)``,
+    a strict one's is split into its micro-batches and never padded."""
+    saw = CostCurve((1.0, 1.5, 2.0, 1.6, 2.5, 3.0, 3.5, 4.0))
+    for strict in (False, True):
+        with ladder("target", strict=strict) as p:
+            p.ladder.target.chunk = 2 if strict else 0
+            cal = {t.name: Calibration(saw) for t in p.ladder.models}
+            costs = priced_costs(p.ladder, cal)
+            assert costs["target"](3) == (saw(2) + saw(1) if strict else saw(4))
 
 
 def test_marginal_curve() -> None:

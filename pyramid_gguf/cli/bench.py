@@ -241,7 +241,8 @@ def bench(**params: Any) -> None:
         quality = any(not c.spec.lossless for c in configs)
     # loaded for the config that rolls back furthest (a hybrid's snapshots cover every mode)
     deepest = max((c.spec for c in configs), key=rollback_depth, default=SpecConfig(mode="target"))
-    with load_pyramid(args, resolved, deepest, calibrate=auto) as pyramid:
+    calibrate = auto or args.load.parallel > 1  # several slots: their batches are padded
+    with load_pyramid(args, resolved, deepest, calibrate=calibrate) as pyramid:
         steps = total_steps(len(configs), len(prompts), params["repeats"], len(problems))
         bar = _progress(params["quiet"], steps, f"bench {name}")
         with bar:

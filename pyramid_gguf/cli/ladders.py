@@ -32,10 +32,10 @@ def load_pyramid(
 ) -> Pyramid:
     """Load ``resolved`` with the load flags of ``args`` and decode with ``spec``.
 
-    ``calibrate`` (default: when ``spec`` is ``auto`` or ``--strict-identity`` is on) reads or
-    measures the tiers' cost curves now, saying so on stderr when it measures, so that no
-    generation pays for it. A mode that needs a tier the ladder lacks fails before any model
-    is loaded.
+    ``calibrate`` (default: when ``spec`` is ``auto``, ``--strict-identity`` is on or several
+    slots share batches, which the curves pad) reads or measures the tiers' cost curves now,
+    saying so on stderr when it measures, so that no generation pays for it. A mode that needs
+    a tier the ladder lacks fails before any model is loaded.
     """
     pyramid = Pyramid.load(
         resolved.paths,
@@ -48,7 +48,8 @@ def load_pyramid(
         share_ngrams=share_ngrams,
         say=lambda m: click.echo(m, err=True),
     )
-    if calibrate or (calibrate is None and (spec.info.auto or args.load.strict_identity)):
+    wanted = spec.info.auto or args.load.strict_identity or args.load.parallel > 1
+    if calibrate or (calibrate is None and wanted):
         try:
             pyramid.calibrate(say=lambda m: click.echo(m, err=True))
         except BaseException:

@@ -59,12 +59,14 @@ class Part:
 class EvalTimer:
     """Time spent inside llama.cpp by one model: ``seconds`` in whole evaluations, of which
     ``decode_seconds`` inside ``llama_decode`` itself (the rest: filling the batch, copying
-    logits rows out, bookkeeping)."""
+    logits rows out, bookkeeping); ``n_tokens`` counts the parts' tokens, not padding."""
 
     n_evals: int = 0
     n_tokens: int = 0
     seconds: float = 0.0
     decode_seconds: float = 0.0
+    #: Padding rows evaluated with the tokens (:meth:`NativeModel.eval_parts`' ``pad``).
+    padded: int = 0
 
     def snapshot(self) -> tuple[int, int, float]:
         return self.n_evals, self.n_tokens, self.seconds
@@ -157,12 +159,21 @@ class NativeModel:
         """
         return self.eval_parts([Part(seq, tokens, logits_at)], chunk=chunk)[0]
 
-    def eval_parts(self, parts: Sequence[Part], *, chunk: int = 0) -> list[np.ndarray]:
+    def eval_parts(
+        self, parts: Sequence[Part], *, chunk: int = 0, pad: int = 0
+    ) -> list[np.ndarray]:
         """Evaluate every part in one batch (``n_batch`` or ``chunk`` tokens per
         ``llama_decode``, in order) and return each part's rows ``[len(logits_at), V]``.
 
         Each sequence appears at most once. Nothing is evaluated when a part would overflow its
         sequence's ``n_ctx`` (:class:`ContextOverflow`) or asks for a row it does not have.
+
+        ``pad``: rows added to a batch of one ``llama_decode`` only to run a cheaper kernel
+        (:meth:`~pyramid_gguf.decoding.pricing.costs.CostCurve.padding`): copies of a part's
+        last token after it in its sequence, no logits, dropped from the cache right after
+        the call, so no sequence holds them and no part's rows depend on them (they come after
+        every token of their sequence). Ignored unless :attr:`can_pad`, the batch is one call
+        and a part's sequence has room for them.
         """
         seqs = [p.seq for p in parts]
         if len(set(seqs)) != len(seqs) or any(not 0 <= s < self.n_seq for s in seqs):
@@ -189,17 +200,25 @@ class NativeModel:
         start_time = time.perf_counter()
         in_decode = 0.0
         step = min(chunk, self.n_batch) if chunk > 0 else self.n_batch
+        pads = self._pads(parts, pad, len(entries), step)
+        removed = True
         ctx = self._ctx.ptr
         for start in range(0, len(entries), step):
             piece = entries[start : start + step]
-            self._batch.fill(piece)
+            self._batch.fill([*piece, *pads])
             t0 = time.perf_counter()
             # on the process's one compute thread: a second thread running graphs would slow
             # every graph's barriers (native/compute.py)
             rc = compute.run(llama_cpp.llama_decode, ctx, self._batch.ptr)
+            if pads:
+                _, first, seq, _ = pads[0]
+                removed = llama_cpp.llama_memory_seq_rm(self._ctx.memory, seq, first, -1)
+                self.timer.padded += len(pads)
             in_decode += time.perf_counter() - t0
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} for {self.path.name}")
+            if pads and not removed:
+                raise RuntimeError(f"{self.path.name}: padding rows could not be dropped")
             if len(parts) == 1:
                 self._rollbacks[parts[0].seq].decoded(len(piece))
             else:
@@ -219,6 +238,29 @@ class NativeModel:
         self.timer.seconds += time.perf_counter() - start_time
         self.timer.decode_seconds += in_decode
         return [p.ordered(out, want) for out, p, want in zip(outs, parts, wants, strict=True)]
+
+    @property
+    def can_pad(self) -> bool:
+        """Whether a batch may carry padding rows (:meth:`eval_parts`' ``pad``): only where
+        dropping them leaves the cache exactly as before, a plain KV cache with no decode hook
+        reading every row (an MTP head), and not under ``--strict-identity``, whose batches
+        run as they would alone."""
+        plain = self.snapshot_reason is None and not self.decode_hooks
+        return plain and not self.cfg.strict_identity
+
+    def _pads(
+        self, parts: Sequence[Part], pad: int, n_entries: int, step: int
+    ) -> list[tuple[int, int, int, bool]]:
+        """The padding entries (token, position, sequence, no logits) of one batch: ``pad``
+        copies of the last token of the last part whose sequence has room, after it; none when
+        padding is not allowed or the batch takes more than one call."""
+        if pad <= 0 or not self.can_pad or n_entries + pad > step:
+            return []
+        for p in reversed(parts):
+            end = len(self._held[p.seq]) + len(p.tokens)
+            if p.tokens and end + pad <= self.n_ctx:
+                return [(int(p.tokens[-1]), end + i, p.seq, False) for i in range(pad)]
+        return []
 
     # --- KV-cache rollback -------------------------------------------------------------------
 

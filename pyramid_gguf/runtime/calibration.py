@@ -29,8 +29,14 @@ def calibrate_ladder(
 
 def priced_costs(ladder: Ladder, calibration: dict[str, Calibration]) -> dict[str, CostCurve]:
     """The cost curve of each tier as ``auto`` prices it: seconds per evaluation of n tokens,
-    split into the tier's micro-batches."""
-    return {t.name: calibration[t.name].curve.with_chunk(t.chunk) for t in ladder.models}
+    split into the tier's micro-batches, or padded where the slots' batcher pads them (a tier
+    that can drop padding rows, not split)."""
+    out = {}
+    for t in ladder.models:
+        curve = calibration[t.name].curve
+        padded = t.chunk == 0 and t.loaded.can_pad
+        out[t.name] = curve.padded() if padded else curve.with_chunk(t.chunk)
+    return out
 
 
 def needs_identity_probe(ladder: Ladder) -> bool:

@@ -138,6 +138,12 @@ def collect(
             c.slots_in_batches / c.batches if c.batches else 0.0,
         ),
         Metric("batch_tokens_total", "counter", "Tokens evaluated in batches, by tier.", per_tier),
+        _one(
+            "batch_padding_rows_total",
+            "counter",
+            "Rows added to batches for a cheaper kernel, evaluated and dropped.",
+            c.padded,
+        ),
         _one("decode_seconds_total", "counter", "Time inside llama_decode.", c.seconds),
         *step_split(c),
         _one(

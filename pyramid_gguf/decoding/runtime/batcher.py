@@ -21,6 +21,12 @@ Requests that arrive together start together: while the pool has admitted reques
 join (``arriving``), a batch that is ready waits up to :data:`GATHER_SECONDS` for them, so four
 prompts sent at once are evaluated in one batch instead of the first alone and the rest after it.
 
+Once the tiers' cost curves are known (:meth:`Batcher.use_costs`, after calibration), a batch
+that a few more rows would make cheaper gets them (:meth:`~.CostCurve.padding`: on CPUs that
+multiply repacked weights four rows at a time, three slots decoding cost more than four):
+padding rows in a sequence's cache only for the one call (:meth:`NativeModel.eval_parts`), so
+no answer depends on them beyond the kernel its rows ran. Never with ``strict_identity``.
+
 Each slot's last round (tokens it brought to the target's batch, tokens it committed) is
 recorded here, so that ``auto`` can price a slot's speculation against the batch it rides in
 (:meth:`Batcher.load`).
@@ -30,12 +36,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ...native import EvalTimer, NativeModel, Part
+from ..pricing.costs import CostCurve
 
 #: Most tokens of one long request evaluated per batch while other slots are running.
 PROMPT_CHUNK = 128
@@ -96,6 +103,8 @@ class BatchCounters:
     batches: int = 0
     slots_in_batches: int = 0
     tokens: dict[str, int] = field(default_factory=dict)
+    #: Padding rows the batches carried (evaluated, then dropped: a cheaper kernel).
+    padded: int = 0
     seconds: float = 0.0
     decode_seconds: float = 0.0
     gap_seconds: float = 0.0
@@ -144,6 +153,13 @@ class Batcher:
         self._last_end: float | None = None
         self._ready_at = 0.0
         self._returned: dict[int, float] = {}
+        #: Each tier's measured cost curve (None until :meth:`use_costs`): what padding buys.
+        self._curves: list[CostCurve | None] = [None] * len(self.models)
+
+    def use_costs(self, curves: Mapping[str, CostCurve]) -> None:
+        """Pad each tier's batches as its measured curve ``curves[name]`` says pays."""
+        with self.lock:
+            self._curves = [curves.get(name) for name in self.names]
 
     def counters(self) -> BatchCounters:
         """A copy of the counters now (read without the lock, which a batch holds)."""
@@ -274,18 +290,22 @@ class Batcher:
             at = [i - lo for i in r.want if lo <= i < hi]
             pieces.append(Part(r.part.seq, r.part.tokens[lo:hi], at))
         chunk = max((r.chunk for r in group), default=0)
+        curve = self._curves[group[0].tier]
+        n = sum(len(p.tokens) for p in pieces)
+        pad = curve.padding(n) if curve is not None and not self.strict and chunk == 0 else 0
         t0 = time.perf_counter()
-        decoding = model.timer.decode_seconds
+        decoding, padded = model.timer.decode_seconds, model.timer.padded
         try:
-            rows = model.eval_parts(pieces, chunk=chunk)
+            rows = model.eval_parts(pieces, chunk=chunk, pad=pad)
         except BaseException as e:  # every slot in this batch hears it, and goes on without it
             for r in group:
                 r.error, r.finished = e, True
             return
         seconds = time.perf_counter() - t0
         decoded = model.timer.decode_seconds - decoding
-        total = sum(len(p.tokens) for p in pieces) or 1
+        total = n or 1
         c = self._counters
+        c.padded += model.timer.padded - padded
         c.batches += 1
         c.slots_in_batches += len(group)
         c.tokens[self.names[group[0].tier]] += total
