@@ -423,6 +423,33 @@ def _drain(steps: SimpleQueue[object]) -> list[object]:
     return out
 
 
+def test_a_slot_still_taking_its_prefix_is_in_the_first_batch(
+    ladder: Callable[..., Pyramid], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four requests sent together start in one batch, even when every slot is taken and one
+    of them is still taking a cached prefix (it holds a slot, not yet in the batches) as the
+    others' batch is ready: the batch waits for it as for any request about to join."""
+    with ladder("target") as p:
+        prompts = [p.tokenize(t) for t in PROMPTS]
+        pool = p.slots
+        adopt, run = pool._adopt, pool.batcher._run
+        groups: list[int] = []
+
+        def slow(slot: Slot, prompt: list[int]) -> None:
+            if list(prompt) == prompts[3]:
+                time.sleep(batcher_module.GATHER_SECONDS / 2)
+            adopt(slot, prompt)
+
+        def record(group: list[object], *, alone: bool) -> None:
+            groups.append(len(group))
+            run(group, alone=alone)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(pool, "_adopt", slow)
+        monkeypatch.setattr(pool.batcher, "_run", record)
+        together(p, prompts, GREEDY.with_(max_tokens=2))
+        assert groups[0] == SLOTS, groups
+
+
 def test_cancelled_while_waiting_for_a_slot(ladder: Callable[..., Pyramid]) -> None:
     with ladder("target") as p:
         steps: SimpleQueue[object] = SimpleQueue()

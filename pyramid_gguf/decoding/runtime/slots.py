@@ -80,6 +80,8 @@ class Slot:
     ladder: Ladder
     batcher: Batcher
     busy: bool = False
+    #: Taken by a request that has not joined the batches yet (it is adopting a prefix).
+    joining: bool = False
     #: Requests this slot has served.
     served: int = 0
     #: When it was last taken (the pool's count of requests then).
@@ -227,10 +229,12 @@ class SlotPool:
                 job._finished.set()
 
     def _arriving(self) -> int:
-        """Admitted requests about to join the batches (a slot is free for them): the batcher
-        gathers them into the batch it is about to run (read without the pool's lock)."""
+        """Admitted requests about to join the batches (a slot is free for them, or they hold
+        one and are taking its cached prefix): the batcher gathers them into the batch it is
+        about to run (read without the pool's lock)."""
+        joining = sum(s.joining for s in self.slots)
         free = self.n_slots - sum(s.busy for s in self.slots)
-        return max(min(self._not_joined, free), 0)
+        return max(min(self._not_joined, free + joining), 0)
 
     # --- slots ---------------------------------------------------------------------------------
 
@@ -245,7 +249,7 @@ class SlotPool:
             return
         self.batcher.join(slot.seq)
         with self._cond:
-            job.joined = True
+            job.joined, slot.joining = True, False
             self._not_joined -= 1
         try:
             yield slot
@@ -264,12 +268,19 @@ class SlotPool:
             free = [s for s in self.slots if not s.busy]
             slot = choose(free, job.prompt, sharing=self._shares[-1])
             self._taken += 1
-            slot.busy, slot.last_used = True, self._taken
+            slot.busy, slot.joining, slot.last_used = True, True, self._taken
             slot.served += 1
         for mine, base in zip(slot.ladder.models, self.ladder.models, strict=True):
             mine.chunk = base.chunk  # --strict-identity's micro-batch, set by calibration
         if any(self._shares) and job.prompt:
-            self._adopt(slot, job.prompt)
+            try:
+                # waits for a running batch (the lock): the batch after it waits for this slot
+                self._adopt(slot, job.prompt)
+            except BaseException:
+                with self._cond:
+                    slot.busy = slot.joining = False
+                    self._cond.notify_all()
+                raise
         return slot
 
     def _adopt(self, slot: Slot, prompt: Sequence[int]) -> None:
