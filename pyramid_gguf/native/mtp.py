@@ -173,8 +173,14 @@ class MtpSequence:
         with the head's own output at the previous position, evaluated one step at a time."""
         return self.eval_parts([Part(0, tokens, logits_at)], chunk=chunk)[0]
 
-    def eval_parts(self, parts: Sequence[Part], *, chunk: int = 0) -> list[np.ndarray]:
-        """:meth:`NativeModel.eval_parts` for the one sequence (the batcher's door)."""
+    #: The head's cache follows the target's hidden states row by row: no padding rows.
+    can_pad = False
+
+    def eval_parts(
+        self, parts: Sequence[Part], *, chunk: int = 0, pad: int = 0
+    ) -> list[np.ndarray]:
+        """:meth:`NativeModel.eval_parts` for the one sequence (the batcher's door; ``pad`` is
+        ignored, as :attr:`can_pad` says)."""
         if len(parts) != 1 or parts[0].seq != 0:
             raise ValueError("the MTP head holds one sequence")
         part = parts[0]
