@@ -292,8 +292,9 @@ class Batcher:
         chunk = max((r.chunk for r in group), default=0)
         curve = self._curves[group[0].tier]
         n = sum(len(p.tokens) for p in pieces)
-        paddable = curve is not None and model.can_pad and not self.strict and chunk == 0
-        pad = curve.padding(n) if paddable and curve is not None else 0
+        pad = 0
+        if curve is not None and not self.strict and chunk == 0 and model.can_pad:
+            pad = curve.padding(n)
         t0 = time.perf_counter()
         decoding, padded = model.timer.decode_seconds, model.timer.padded
         try:
