@@ -14,9 +14,10 @@ Each pair gives one ratio, ours / llama-server in tok/s (a request's completion 
 its wall time; a phase's over the wall time from its first send to its last finish), so a
 drift slower than a pair (about 10 s one at a time, 25 s all at once on a 2-core CPU) cancels.
 It prints every pair's ratio, their median and geometric mean per phase, the worst first token
-of each side per phase (median over repeats), our step split all at once (``/metrics``), and
-the bars of issue 52: four at once >= 1.1x, one at a time >= 0.97x, worst first token no worse
-than llama-server's. Same servers, flags, prompts and request bodies as parallel_bench.py.
+of each side per phase (median over repeats), our step split all at once (``/metrics``; both
+sides' with ``--against-mode``), and the bars of issue 52: four at once >= 1.1x, one at a time
+>= 0.97x, worst first token no worse than llama-server's. Same servers, flags, prompts and
+request bodies as parallel_bench.py.
 ``--against-mode MODE`` pairs ours with ours in ``--mode MODE`` instead of llama-server (issue
 52's last bar: ``auto`` never below ``--mode target`` all at once, >= 1.0x). Ours runs with
 ``--no-ngram-pool`` unless ``--ngram-pool``: every prompt is sent again and again, and the pool
@@ -205,7 +206,9 @@ def measure(args: argparse.Namespace, servers: dict[str, ServerProcess]) -> list
             pairs.append(Pair("solo", r, first_side(i, r), got["ours"], got["peer"]))
             print(f"  repeat {r + 1} prompt {i}: one at a time {pairs[-1].ratio:.3f}x", flush=True)
         got = {
-            side: checked(side, timed_phase(args, servers[side].base, texts, True, side == "ours"))
+            side: checked(
+                side, timed_phase(args, servers[side].base, texts, True, ours_side(args, side))
+            )
             for side in in_turn(0, r)
         }
         pairs.append(Pair("together", r, first_side(0, r), got["ours"], got["peer"]))
@@ -214,9 +217,20 @@ def measure(args: argparse.Namespace, servers: dict[str, ServerProcess]) -> list
             f"{got['peer'].tok_s:.2f} tok/s, {pairs[-1].ratio:.3f}x",
             flush=True,
         )
-        if line := split_line("ours all at once", got["ours"].metrics):
-            print(line, flush=True)
+        for side in SIDES:
+            label = (
+                side
+                if side == "ours" or args.against_mode is None
+                else f"--mode {args.against_mode}"
+            )
+            if line := split_line(f"{label} all at once", got[side].metrics):
+                print(line, flush=True)
     return pairs
+
+
+def ours_side(args: argparse.Namespace, side: str) -> bool:
+    """Whether ``side`` is one of our servers (whose ``/metrics`` give the step split)."""
+    return side == "ours" or args.against_mode is not None
 
 
 def report(args: argparse.Namespace, pairs: list[Pair]) -> tuple[Verdict, Verdict]:
