@@ -450,6 +450,60 @@ def test_a_slot_still_taking_its_prefix_is_in_the_first_batch(
         assert groups[0] == SLOTS, groups
 
 
+def test_an_announced_request_starts_in_the_first_batch(
+    ladder: Callable[..., Pyramid], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request the server is still reading when another's batch is ready (``announced``)
+    is gathered into that batch, as an admitted one is: two requests sent together
+    start together although the second is submitted after the first's batch went ready."""
+    with ladder("target") as p:
+        pool = p.slots
+        run = pool.batcher._run
+        groups: list[int] = []
+
+        def record(group: list[object], *, alone: bool) -> None:
+            groups.append(len(group))
+            run(group, alone=alone)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(pool.batcher, "_run", record)
+        sampling = GREEDY.with_(max_tokens=2)
+        first_steps: SimpleQueue[object] = SimpleQueue()
+        second_steps: SimpleQueue[object] = SimpleQueue()
+        with pool.announced():  # the second request, still being read
+            with pool.announced():  # the first: submitted, its batch ready at once
+                first = p.submit(p.tokenize(PROMPTS[0]), sampling, deliver=first_steps.put)
+            assert len(pool._expected) == 1
+            time.sleep(batcher_module.GATHER_SECONDS / 4)
+            second = p.submit(p.tokenize(PROMPTS[1]), sampling, deliver=second_steps.put)
+            assert not pool._expected  # admitted: no longer only announced
+        assert first.wait(10) and second.wait(10)
+        assert groups[0] == 2, groups
+
+
+def test_an_announcement_holds_the_batches_only_for_the_gather_window(
+    ladder: Callable[..., Pyramid],
+) -> None:
+    """An announced request counts as arriving until it is released or the gather window has
+    passed (a slow upload never holds the running slots' batches longer), and only while a
+    slot is free for it."""
+    with ladder("target") as p:
+        pool = p.slots
+        assert pool._arriving() == 0
+        handle = pool.expect()
+        assert pool._arriving() == 1
+        handle.release()
+        handle.release()  # idempotent
+        assert pool._arriving() == 0
+        stale = pool.expect()
+        time.sleep(batcher_module.GATHER_SECONDS * 1.5)
+        assert pool._arriving() == 0
+        fresh = [pool.expect() for _ in range(SLOTS + 2)]
+        assert pool._arriving() == SLOTS  # no more than the free slots
+        for h in [stale, *fresh]:
+            h.release()
+        assert p.generate(p.tokenize(PROMPTS[0]), GREEDY.with_(max_tokens=2)).token_ids
+
+
 def test_cancelled_while_waiting_for_a_slot(ladder: Callable[..., Pyramid]) -> None:
     with ladder("target") as p:
         steps: SimpleQueue[object] = SimpleQueue()

@@ -25,6 +25,7 @@ from starlette.responses import Response as HTTPResponse
 from ..api import Pyramid
 from ..embeddings import Embedder
 from . import anthropic, embeddings, llama_server, ollama, openai_routes, responses
+from .arrivals import ArrivalsMiddleware
 from .cors import CorsMiddleware
 from .errors import ApiError
 from .http_errors import ApiKeyMiddleware, install_error_handlers
@@ -66,6 +67,8 @@ def create_app(
         responses.routes(),
         llama_server.routes(),
     ]
+    # innermost: a request refused (a key, a preflight) is never announced to the slots
+    app.add_middleware(ArrivalsMiddleware, announced=pyramid.slots.announced)
     if settings.api_key:  # the dialects' routes: a 401 in the shape of the route asked for
         routes = [route for r in routers for route in r.routes]
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, routes=routes)

@@ -23,13 +23,15 @@ The one-request path is the same machine with one slot.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from ...native import SequenceView
-from .batcher import BatchCounters, Batcher, Load
+from .batcher import GATHER_SECONDS, BatchCounters, Batcher, Load
 from .tiers import Ladder, ModelTier, common_prefix
 
 
@@ -39,6 +41,23 @@ class QueueFull(RuntimeError):
 
 class PoolClosed(RuntimeError):
     """The pool is shutting down and takes no new request."""
+
+
+class Expected:
+    """A request announced to a :class:`SlotPool` before it is submitted
+    (:meth:`SlotPool.expect`); :meth:`release` (idempotent) withdraws it."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: SlotPool) -> None:
+        self._pool = pool
+
+    def release(self) -> None:
+        self._pool._unexpect(self)
+
+
+#: The announcement (:meth:`SlotPool.announced`) of the request the current context serves.
+_ANNOUNCED: ContextVar[Expected | None] = ContextVar("pyramid_announced", default=None)
 
 
 class Job:
@@ -155,6 +174,9 @@ class SlotPool:
         #: Admitted jobs (queued or running) and, of those, the ones not yet in a batch.
         self._admitted = 0
         self._not_joined = 0
+        #: Requests announced but not yet submitted (:meth:`expect`): when each was announced.
+        self._expected: dict[Expected, float] = {}
+        self._expected_lock = threading.Lock()
         self._running: set[Job] = set()
         self._workers: list[threading.Thread] = []
         self._closing = False
@@ -192,6 +214,8 @@ class SlotPool:
             job = Job(prompt, work)
             self._admitted += 1
             self._not_joined += 1
+            if (announced := _ANNOUNCED.get()) is not None:
+                announced.release()  # admitted now, no longer only announced
             self._queue.append(job)
             if len(self._workers) < min(self._admitted, self.n_slots):
                 worker = threading.Thread(
@@ -201,6 +225,42 @@ class SlotPool:
                 worker.start()
             self._cond.notify_all()
         return job
+
+    def expect(self) -> Expected:
+        """Announce a request that is being read and is about to be submitted (a server's
+        request whose body is being parsed and whose prompt is being tokenized): for at most
+        :data:`~.batcher.GATHER_SECONDS` from now, until the handle is released or the request
+        is submitted, a batch about to run waits for it as for an admitted request
+        (:meth:`_arriving`), so that requests sent together start in one batch although the
+        first is admitted before the others are read."""
+        handle = Expected(self)
+        with self._expected_lock:
+            self._expected[handle] = time.perf_counter()
+        return handle
+
+    @contextmanager
+    def announced(self) -> Iterator[Expected]:
+        """:meth:`expect` for the request the current task (its context) serves, released when
+        the block ends; the first :meth:`submit` in that context takes its place, at once (no
+        moment when it is neither announced nor admitted)."""
+        handle = self.expect()
+        token = _ANNOUNCED.set(handle)
+        try:
+            yield handle
+        finally:
+            handle.release()
+            _ANNOUNCED.reset(token)
+
+    def _unexpect(self, handle: Expected) -> None:
+        with self._expected_lock:
+            self._expected.pop(handle, None)
+
+    def _announced(self) -> int:
+        """Requests announced in the last :data:`~.batcher.GATHER_SECONDS` and not yet
+        released: one that takes longer (a slow upload) no longer holds the batches."""
+        since = time.perf_counter() - GATHER_SECONDS
+        with self._expected_lock:
+            return sum(1 for t in self._expected.values() if t > since)
 
     def _serve(self) -> None:
         """A worker thread: run admitted jobs in order until the pool closes."""
@@ -229,12 +289,13 @@ class SlotPool:
                 job._finished.set()
 
     def _arriving(self) -> int:
-        """Admitted requests about to join the batches (a slot is free for them, or they hold
-        one and are taking its cached prefix): the batcher gathers them into the batch it is
-        about to run (read without the pool's lock)."""
+        """Admitted or announced (:meth:`expect`) requests about to join the batches (a slot
+        is free for them, or they hold one and are taking its cached prefix): the batcher
+        gathers them into the batch it is about to run (read without the pool's lock)."""
         joining = sum(s.joining for s in self.slots)
         free = self.n_slots - sum(s.busy for s in self.slots)
-        return max(min(self._not_joined, free + joining), 0)
+        coming = self._not_joined + (self._announced() if self._expected else 0)
+        return max(min(coming, free + joining), 0)
 
     # --- slots ---------------------------------------------------------------------------------
 
