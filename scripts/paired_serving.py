@@ -54,6 +54,7 @@ from parallel_bench import (
     ours_env,
     peer_cmd,
     prompts,
+    read_metrics,
     server_args,
     split_line,
     timed_phase,
@@ -62,6 +63,8 @@ from parallel_bench import (
 SIDES = ("ours", "peer")
 #: Issue 52's bars: ours / llama-server all at once, and one at a time.
 TOGETHER_BAR, SOLO_BAR = 1.1, 0.97
+#: A pair this far off par either way has its step splits printed (one at a time).
+OUTLIER = 1.25
 
 
 @dataclass
@@ -168,11 +171,25 @@ def checked(side: str, phase: Phase) -> Phase:
     return phase
 
 
-def one_request(args: argparse.Namespace, base: str, text: str, index: int) -> Phase:
-    """One streamed chat on a fresh connection, as a phase of one request."""
+def one_request(
+    args: argparse.Namespace, base: str, text: str, index: int, ours: bool = False
+) -> Phase:
+    """One streamed chat on a fresh connection, as a phase of one request; with ``ours``, the
+    change of the server's counters over it (read before and after, outside its wall time)."""
     with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+        before = read_metrics(client, base) if ours else {}
         rec: Record = chat(client, base, body(args, text, args.max_tokens), index)
-    return Phase([rec], rec.wall)
+        after = read_metrics(client, base) if ours else {}
+    phase = Phase([rec], rec.wall)
+    phase.metrics = {k: after[k] - before.get(k, 0.0) for k in after}
+    return phase
+
+
+def outlier(pair: Pair) -> bool:
+    """Whether ``pair``'s ratio is off par by more than :data:`OUTLIER` either way (a stall of
+    the VM, or a regression): its step splits are printed, to tell which."""
+    r = pair.ratio
+    return r == r and not 1 / OUTLIER <= r <= OUTLIER
 
 
 def start(args: argparse.Namespace, side: str) -> ServerProcess:
@@ -200,11 +217,16 @@ def measure(args: argparse.Namespace, servers: dict[str, ServerProcess]) -> list
     for r in range(args.repeats):
         for i, text in enumerate(texts):
             got = {
-                side: checked(side, one_request(args, servers[side].base, text, i))
+                side: checked(
+                    side,
+                    one_request(args, servers[side].base, text, i, ours_side(args, side)),
+                )
                 for side in in_turn(i, r)
             }
             pairs.append(Pair("solo", r, first_side(i, r), got["ours"], got["peer"]))
             print(f"  repeat {r + 1} prompt {i}: one at a time {pairs[-1].ratio:.3f}x", flush=True)
+            if outlier(pairs[-1]):
+                print_splits(args, got, "this one (off par)")
         got = {
             side: checked(
                 side, timed_phase(args, servers[side].base, texts, True, ours_side(args, side))
@@ -217,15 +239,17 @@ def measure(args: argparse.Namespace, servers: dict[str, ServerProcess]) -> list
             f"{got['peer'].tok_s:.2f} tok/s, {pairs[-1].ratio:.3f}x",
             flush=True,
         )
-        for side in SIDES:
-            label = (
-                side
-                if side == "ours" or args.against_mode is None
-                else f"--mode {args.against_mode}"
-            )
-            if line := split_line(f"{label} all at once", got[side].metrics):
-                print(line, flush=True)
+        print_splits(args, got, "all at once")
     return pairs
+
+
+def print_splits(args: argparse.Namespace, got: dict[str, Phase], what: str) -> None:
+    """Each of our sides' step split over its phase in ``got`` (llama-server has none)."""
+    for side in SIDES:
+        mode = args.against_mode
+        label = side if side == "ours" or mode is None else f"--mode {mode}"
+        if line := split_line(f"{label} {what}", got[side].metrics):
+            print(line, flush=True)
 
 
 def ours_side(args: argparse.Namespace, side: str) -> bool:

@@ -470,7 +470,9 @@ def test_an_encoders_batched_inputs_do_not_see_each_other(bert: Embedder) -> Non
     texts = [same, "hello world", same, "a test", same, same, same]
     batched = bert.embed(texts)
     np.testing.assert_allclose(batched, np.stack([bert.embed([t])[0] for t in texts]), atol=1e-5)
-    assert np.abs(batched[[2, 4, 5, 6]] - batched[0]).max() < 1e-6
+    # rows of one batch differ by ~1e-6 on some CPUs' kernels (1.25e-6 seen on an EPYC);
+    # another input differs by more than 1e-3 (below), so 1e-5 still catches a leak
+    assert np.abs(batched[[2, 4, 5, 6]] - batched[0]).max() < 1e-5
     assert np.abs(batched[1] - batched[0]).max() > 1e-3
 
 

@@ -49,6 +49,24 @@ def test_a_verdict_is_the_pairs_median_and_geometric_mean() -> None:
     assert ps.verdict(pairs, "together").ratios == pytest.approx([1.2])
 
 
+def test_a_pair_off_par_either_way_is_an_outlier() -> None:
+    """A pair 0.356x (a stalled VM) or 1.3x has its step splits printed; near par, or with
+    nothing produced, it does not."""
+    ratio = {
+        1.0: (10.0, 10.0),
+        0.356: (10.0, 3.56),
+        1.3: (10.0, 13.0),
+        0.85: (10.0, 8.5),
+        1.2: (10.0, 12.0),
+    }
+    off = {
+        r: ps.outlier(pair("solo", 0, phase(100, ours), phase(100, peer)))
+        for r, (ours, peer) in ratio.items()
+    }
+    assert off == {1.0: False, 0.356: True, 1.3: True, 0.85: False, 1.2: False}
+    assert not ps.outlier(pair("solo", 0, phase(0, 10.0), phase(100, 10.0)))
+
+
 def test_the_worst_first_token_is_a_repeats_worst_then_the_median_over_repeats() -> None:
     pairs = [
         pair("solo", 0, phase(10, 1.0, ttft=0.3), phase(10, 1.0, ttft=0.2)),
