@@ -11,7 +11,8 @@ measured; an idle server costs nothing), and each measurement is a pair taken ba
   alternating by repeat.
 
 Each pair gives one ratio, ours / llama-server in tok/s (a request's completion tokens over
-its wall time; a phase's over the wall time from its first send to its last finish), so a
+its wall time, ours counting an answer's end token as llama-server counts its own; a phase's
+over the wall time from its first send to its last finish), so a
 drift slower than a pair (about 10 s one at a time, 25 s all at once on a 2-core CPU) cancels.
 It prints every pair's ratio, their median and geometric mean per phase, the worst first token
 of each side per phase (median over repeats), our step split all at once (``/metrics``; both
@@ -58,6 +59,7 @@ from parallel_bench import (
     server_args,
     split_line,
     timed_phase,
+    with_end_tokens,
 )
 
 SIDES = ("ours", "peer")
@@ -182,7 +184,7 @@ def one_request(
         after = read_metrics(client, base) if ours else {}
     phase = Phase([rec], rec.wall)
     phase.metrics = {k: after[k] - before.get(k, 0.0) for k in after}
-    return phase
+    return with_end_tokens(phase) if ours else phase
 
 
 def outlier(pair: Pair) -> bool:

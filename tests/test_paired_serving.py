@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import paired_serving as ps  # noqa: E402
-from parallel_bench import Phase, Record, ours_cmd, split_line  # noqa: E402
+from parallel_bench import Phase, Record, ours_cmd, split_line, with_end_tokens  # noqa: E402
 
 
 def phase(tokens: int, wall: float, ttft: float = 0.1) -> Phase:
@@ -65,6 +65,20 @@ def test_a_pair_off_par_either_way_is_an_outlier() -> None:
     }
     assert off == {1.0: False, 0.356: True, 1.3: True, 0.85: False, 1.2: False}
     assert not ps.outlier(pair("solo", 0, phase(0, 10.0), phase(100, 10.0)))
+
+
+def test_our_answers_that_stop_count_their_end_token_as_llama_server_counts_it() -> None:
+    """The same 54-token answer reads 55 tokens from llama-server (its end token counted):
+    ours that stopped gets it too, an answer cut at max_tokens or without usage does not."""
+    recs = [
+        Record(prompt=0, tokens=54, wall=2.0, finish_reason="stop", usage=True),
+        Record(prompt=1, tokens=128, wall=4.0, finish_reason="length", usage=True),
+        Record(prompt=2, tokens=7, wall=1.0, finish_reason="stop", usage=False),
+    ]
+    counted = with_end_tokens(Phase(recs, 4.0))
+    assert [r.tokens for r in counted.records] == [55, 128, 7]
+    same = Phase([Record(prompt=0, tokens=55, wall=2.0, finish_reason="stop", usage=True)], 2.0)
+    assert pair("solo", 0, counted, same).ratio == pytest.approx((55 + 128 + 7) / 4.0 / 27.5)
 
 
 def test_the_worst_first_token_is_a_repeats_worst_then_the_median_over_repeats() -> None:
