@@ -51,15 +51,14 @@ from parallel_bench import (
     ServerProcess,
     body,
     chat,
+    counted,
     ours_cmd,
     ours_env,
     peer_cmd,
     prompts,
-    read_metrics,
     server_args,
     split_line,
     timed_phase,
-    with_end_tokens,
 )
 
 SIDES = ("ours", "peer")
@@ -177,14 +176,14 @@ def one_request(
     args: argparse.Namespace, base: str, text: str, index: int, ours: bool = False
 ) -> Phase:
     """One streamed chat on a fresh connection, as a phase of one request; with ``ours``, the
-    change of the server's counters over it (read before and after, outside its wall time)."""
-    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
-        before = read_metrics(client, base) if ours else {}
-        rec: Record = chat(client, base, body(args, text, args.max_tokens), index)
-        after = read_metrics(client, base) if ours else {}
-    phase = Phase([rec], rec.wall)
-    phase.metrics = {k: after[k] - before.get(k, 0.0) for k in after}
-    return with_end_tokens(phase) if ours else phase
+    change of the server's counters over it (:func:`~parallel_bench.counted`)."""
+
+    def run() -> Phase:
+        with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+            rec: Record = chat(client, base, body(args, text, args.max_tokens), index)
+        return Phase([rec], rec.wall)
+
+    return counted(base, ours, run)
 
 
 def outlier(pair: Pair) -> bool:

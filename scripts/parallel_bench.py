@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -388,13 +388,23 @@ def read_metrics(client: httpx.Client, base: str) -> dict[str, float]:
 def timed_phase(
     args: argparse.Namespace, base: str, texts: list[str], together: bool, ours: bool
 ) -> Phase:
-    """One phase, with the change of our counters over it."""
+    """One phase, with the change of our counters over it (:func:`counted`)."""
+    phase = all_at_once if together else one_at_a_time
+    return counted(base, ours, lambda: phase(args, base, texts))
+
+
+def counted(base: str, ours: bool, run: Callable[[], Phase]) -> Phase:
+    """The phase ``run`` measures; on our server (``ours``), with the change of its counters
+    over it (read before and after, outside the phase's wall time) and our end tokens counted
+    (:func:`with_end_tokens`)."""
+    if not ours:
+        return run()
     with httpx.Client(timeout=30.0) as client:
-        before = read_metrics(client, base) if ours else {}
-        phase = (all_at_once if together else one_at_a_time)(args, base, texts)
-        after = read_metrics(client, base) if ours else {}
+        before = read_metrics(client, base)
+        phase = run()
+        after = read_metrics(client, base)
     phase.metrics = {k: after[k] - before.get(k, 0.0) for k in after}
-    return with_end_tokens(phase) if ours else phase
+    return with_end_tokens(phase)
 
 
 def with_end_tokens(phase: Phase) -> Phase:
